@@ -1,0 +1,75 @@
+// Exceptions a batchcast user can cause or observe. Each says what happened and
+// what to do; internal invariants use assert instead.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace batchcast {
+
+// Base of every batchcast error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad arguments: names, sizes, options.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// Another live producer already serves this name.
+class NameInUse : public Error {
+ public:
+  using Error::Error;
+};
+
+// The producer died, stopped mid-epoch, or never came up within the timeout.
+class ProducerLost : public Error {
+ public:
+  using Error::Error;
+};
+
+// The user's loader raised inside the producer; carries its message.
+class LoaderError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The two ends speak different protocol versions, or the producer refused us.
+class Refused : public Error {
+ public:
+  using Error::Error;
+};
+
+// Loader batches that cannot be rebatched together (trailing shapes, dtypes).
+class RebatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The producer was asked to stop while a call was blocked.
+class Stopped : public Error {
+ public:
+  using Error::Error;
+};
+
+// A message that failed validation. Never escapes the I/O threads: such
+// messages are dropped and counted.
+class MalformedMessage : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operating-system call failed; the message names the call and errno text.
+class SystemError : public Error {
+ public:
+  SystemError(const std::string& what, int err);
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+}  // namespace batchcast

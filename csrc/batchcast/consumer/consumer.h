@@ -1,0 +1,77 @@
+// The consumer core: joins a producer by name, maps its ring once, and yields
+// batches of its own size, epoch by epoch. Usable from C++ alone; the Python
+// Consumer is a thin adapter over it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "batchcast/common/batch.h"
+#include "batchcast/consumer/rebatcher.h"
+
+namespace batchcast {
+
+struct ConsumerOptions {
+  std::string name;
+  int64_t batch_size = 1;
+  bool drop_last = false;
+  double timeout = 30.0;    // seconds to wait for the producer to answer
+  std::string runtime_dir;  // empty: the per-user default
+};
+
+struct ConsumerStats {
+  uint64_t id = 0;
+  int64_t epoch = -1;
+  int64_t batches = 0;          // handed to the caller
+  int64_t samples = 0;
+  int64_t loader_batches = 0;   // announcements received
+  int64_t views = 0;            // tensors that are views of shared memory
+  int64_t copies = 0;           // tensors concatenated across a ring wrap
+  int64_t slots_held = 0;       // ring slots this process still references
+  int64_t dropped_messages = 0; // malformed or unexpected messages ignored
+};
+
+class Channel;
+
+class Consumer {
+ public:
+  // Connects and waits up to options.timeout for the producer. Throws
+  // ProducerLost on timeout, Refused on a protocol mismatch.
+  explicit Consumer(ConsumerOptions options);
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+  ~Consumer();
+
+  // Starts the next epoch (discarding what is left of an unfinished one) and
+  // returns its number.
+  int64_t begin_epoch();
+  // The next batch of the current epoch, or nullopt at its end. Throws
+  // ProducerLost, LoaderError, RebatchError.
+  std::optional<Batch> next();
+  // True once the producer said it serves no more epochs and this one is empty.
+  bool finished() const { return finished_; }
+
+  int64_t samples_per_epoch() const;  // -1 while unknown
+  int64_t batches_per_epoch() const;  // -1 while unknown
+  void close();
+  ConsumerStats stats() const;
+  const ConsumerOptions& options() const { return options_; }
+
+ private:
+  ConsumerOptions options_;
+  std::shared_ptr<Channel> channel_;
+  Rebatcher rebatcher_;
+  int64_t epoch_ = -1;       // current epoch, -1 before the first
+  int64_t next_epoch_ = 0;
+  bool in_epoch_ = false;
+  bool mid_epoch_ = false;   // a batch of the current epoch has arrived
+  bool finished_ = false;
+  uint64_t id_ = 0;
+  int64_t samples_per_epoch_ = -1;
+  int64_t batches_ = 0;
+  int64_t samples_ = 0;
+};
+
+}  // namespace batchcast

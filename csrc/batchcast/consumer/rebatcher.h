@@ -1,0 +1,77 @@
+// Turns the stream of loader batches of one epoch into batches of the
+// consumer's own size, exactly once and in order. A consumer batch whose
+// samples lie back to back in the ring is a view of shared memory; one that
+// straddles a wrap of the ring is a single copy.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "batchcast/common/batch.h"
+#include "batchcast/protocol/message.h"
+
+namespace batchcast {
+
+// Told when no tensor or pending batch references a ring slot any more.
+class ReleaseSink {
+ public:
+  virtual ~ReleaseSink() = default;
+  virtual void release(uint64_t seq) = 0;
+};
+
+// Held by every tensor viewing a slot (through its deleter) and by the
+// rebatcher while samples of the slot are pending. The last owner releases.
+class ReleaseToken {
+ public:
+  ReleaseToken(uint64_t seq, std::shared_ptr<ReleaseSink> sink)
+      : seq_(seq), sink_(std::move(sink)) {}
+  ReleaseToken(const ReleaseToken&) = delete;
+  ReleaseToken& operator=(const ReleaseToken&) = delete;
+  ~ReleaseToken() { sink_->release(seq_); }
+  uint64_t seq() const { return seq_; }
+
+ private:
+  uint64_t seq_;
+  std::shared_ptr<ReleaseSink> sink_;
+};
+
+// One announced loader batch whose tensors live at `base` + leaf offsets.
+struct LoaderBatch {
+  protocol::Announcement announcement;
+  const std::byte* base = nullptr;
+  std::shared_ptr<ReleaseToken> token;
+};
+
+struct RebatchStats {
+  int64_t views = 0;   // tensors handed out as views of shared memory
+  int64_t copies = 0;  // tensors that had to be concatenated
+};
+
+class Rebatcher {
+ public:
+  Rebatcher(int64_t batch_size, bool drop_last);
+
+  void push(LoaderBatch batch);
+  // A full batch, once `batch_size` samples are buffered.
+  std::optional<Batch> pop();
+  // At the end of an epoch: the partial remainder (none if drop_last); empties the buffer.
+  std::optional<Batch> flush();
+  void clear();
+
+  int64_t buffered() const { return buffered_; }
+  const RebatchStats& stats() const { return stats_; }
+
+ private:
+  Batch take(int64_t n);
+
+  int64_t batch_size_;
+  bool drop_last_;
+  std::deque<LoaderBatch> pending_;
+  int64_t front_used_ = 0;  // samples of pending_.front() already handed out
+  int64_t buffered_ = 0;
+  RebatchStats stats_;
+};
+
+}  // namespace batchcast

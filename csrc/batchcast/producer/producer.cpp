@@ -1,0 +1,370 @@
+#include "batchcast/producer/producer.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iterator>
+
+#include <zmq_addon.hpp>
+
+#include "batchcast/common/error.h"
+
+namespace batchcast {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using protocol::Kind;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(200);
+
+}  // namespace
+
+Producer::Producer(ProducerOptions options)
+    : options_(std::move(options)), context_(1), router_(context_, zmq::socket_type::router) {
+  validate_name(options_.name);
+  if (options_.slots < 2) throw InvalidArgument("slots must be at least 2");
+  dir_ = runtime_dir(options_.runtime_dir);
+  endpoint_ = endpoint_for(dir_, options_.name);
+  lock_ = std::make_unique<NameLock>(dir_, options_.name);
+  router_.set(zmq::sockopt::router_mandatory, 1);
+  router_.set(zmq::sockopt::sndhwm, 0);
+  router_.set(zmq::sockopt::rcvhwm, 0);
+  router_.set(zmq::sockopt::linger, 2000);
+  router_.bind(endpoint_);
+  io_ = std::thread([this] { serve(); });
+}
+
+Producer::~Producer() {
+  stop();
+  quit_io_ = true;
+  wakeup_.notify();
+  if (io_.joinable()) io_.join();
+  router_.close();
+  context_.close();
+}
+
+bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return stopping_ || static_cast<int64_t>(members_.size()) >= count; };
+  if (timeout_seconds < 0) {
+    changed_.wait(lock, ready);
+  } else if (!changed_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), ready)) {
+    return false;
+  }
+  if (stopping_) throw Stopped("producer stopped");
+  return true;
+}
+
+void Producer::begin_epoch(int64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_ = epoch;
+    epoch_batches_ = 0;
+    epoch_samples_ = 0;
+  }
+  enqueue(Outgoing{Route::EpochBegin, epoch, 0, {}});
+}
+
+void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
+  uint64_t total = 0;
+  for (uint64_t b : leaf_bytes) total += b;
+  const uint64_t slots = static_cast<uint64_t>(options_.slots);
+  double scale = 1.0;
+  if (total > 0 && options_.ring_bytes > total * slots) {
+    scale = static_cast<double>(options_.ring_bytes) / static_cast<double>(total * slots);
+  }
+  std::vector<uint64_t> capacities;
+  for (uint64_t b : leaf_bytes) {
+    capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * scale));
+  }
+  lanes_.emplace(capacities);
+  region_.emplace(SharedRegion::create(lanes_->total_bytes(), options_.name));
+  stats_.ring_bytes = lanes_->total_bytes();
+  protocol::RingReady ready{region_->fd(), lanes_->total_bytes()};
+  outbox_.push_back(Outgoing{Route::Everyone, -1, 0, protocol::encode(ready)});
+  wakeup_.notify();
+}
+
+void Producer::publish(const Batch& batch) {
+  auto start = Clock::now();
+  std::vector<const at::Tensor*> tensors;
+  std::vector<uint64_t> bytes, align;
+  for (const Leaf& leaf : batch.leaves) {
+    if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
+      if (t->dim() == 0 || t->size(0) != batch.samples) {
+        throw InvalidArgument("every tensor in a batch needs dim 0 = " +
+                              std::to_string(batch.samples) + " samples");
+      }
+      (void)to_wire(t->scalar_type());
+      tensors.push_back(t);
+      bytes.push_back(static_cast<uint64_t>(t->numel()) * t->element_size());
+      align.push_back(t->element_size());
+    } else if (static_cast<int64_t>(std::get<Items>(leaf).values.size()) != batch.samples) {
+      throw InvalidArgument("every per-sample list in a batch needs " +
+                            std::to_string(batch.samples) + " items");
+    }
+  }
+
+  std::optional<LaneAllocator::Slot> slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) throw Stopped("producer stopped");
+    if (!lanes_) create_ring(bytes);
+    auto wait_start = Clock::now();
+    changed_.wait(lock, [&] {
+      if (stopping_) return true;
+      slot = lanes_->try_allocate(bytes, align);
+      return slot.has_value();
+    });
+    stats_.wait_seconds += seconds_since(wait_start);
+    if (stopping_) throw Stopped("producer stopped");
+  }
+
+  protocol::Announcement ann;
+  ann.seq = slot->seq;
+  ann.samples = batch.samples;
+  ann.layout = batch.layout;
+  std::size_t lane = 0;
+  for (const Leaf& leaf : batch.leaves) {
+    if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
+      uint64_t offset = slot->offsets[lane++];
+      if (t->numel() > 0) {
+        at::Tensor dst = at::from_blob(region_->data() + offset, t->sizes(),
+                                       at::TensorOptions().dtype(t->scalar_type()));
+        dst.copy_(*t);
+      }
+      ann.leaves.push_back(protocol::TensorLeaf{to_wire(t->scalar_type()), t->sizes().vec(), offset});
+    } else {
+      const auto& items = std::get<Items>(leaf);
+      ann.leaves.push_back(protocol::ListLeaf{items.kind, items.values});
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  ann.epoch = epoch_;
+  ann.index = epoch_batches_++;
+  epoch_samples_ += batch.samples;
+  stats_.batches_published += 1;
+  for (uint64_t b : bytes) stats_.bytes_published += static_cast<int64_t>(b);
+  stats_.publish_seconds += seconds_since(start);
+  outbox_.push_back(Outgoing{Route::Batch, ann.epoch, ann.seq, protocol::encode(ann)});
+  wakeup_.notify();
+}
+
+void Producer::end_epoch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  protocol::EpochEnd end{epoch_, epoch_samples_, epoch_batches_};
+  if (options_.samples_per_epoch < 0) options_.samples_per_epoch = epoch_samples_;
+  epochs_done_ += 1;
+  outbox_.push_back(Outgoing{Route::EpochEnd, epoch_, 0, protocol::encode(end)});
+  wakeup_.notify();
+}
+
+void Producer::fail(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outbox_.push_back(Outgoing{Route::Everyone, epoch_, 0,
+                             protocol::encode(protocol::LoaderFailed{std::max<int64_t>(epoch_, 0), message})});
+  wakeup_.notify();
+}
+
+void Producer::finish() {
+  std::unique_lock<std::mutex> lock(mu_);
+  outbox_.push_back(Outgoing{Route::Everyone, -1, 0, protocol::encode(protocol::Finished{epochs_done_})});
+  wakeup_.notify();
+  // Return once the I/O thread has handed everything to ZeroMQ.
+  changed_.wait_for(lock, std::chrono::seconds(5), [&] { return outbox_.empty(); });
+}
+
+void Producer::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  wakeup_.notify();
+}
+
+void Producer::enqueue(Outgoing out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outbox_.push_back(std::move(out));
+  wakeup_.notify();
+}
+
+int64_t Producer::consumer_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(members_.size());
+}
+
+ProducerStats Producer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ProducerStats s = stats_;
+  s.slots_in_use = lanes_ ? static_cast<int64_t>(lanes_->in_flight_seqs().size()) : 0;
+  for (const auto& [peer, m] : members_) {
+    ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, m.batches_sent};
+    for (const auto& [seq, who] : holders_) info.slots_held += static_cast<int64_t>(who.count(peer));
+    s.consumers.push_back(info);
+  }
+  return s;
+}
+
+// ---- I/O thread ---------------------------------------------------------
+
+void Producer::serve() {
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wakeup_.fd(), ZMQ_POLLIN, 0}};
+  auto last_check = Clock::now();
+  while (true) {
+    zmq::poll(items, 2, kLivenessPeriod);
+    if (items[1].revents & ZMQ_POLLIN) wakeup_.drain();
+    while (true) {
+      std::vector<zmq::message_t> parts;  // [peer routing id, body]
+      if (!zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait)) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (parts.size() != 2) {
+        stats_.dropped_messages += 1;
+        continue;
+      }
+      handle(parts[0].to_string(), parts[1].data(), parts[1].size());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!outbox_.empty()) {
+        deliver(outbox_.front());
+        outbox_.pop_front();
+      }
+      if (Clock::now() - last_check >= kLivenessPeriod) {
+        last_check = Clock::now();
+        check_liveness();
+      }
+    }
+    changed_.notify_all();
+    if (quit_io_) break;
+  }
+}
+
+void Producer::send_to(const std::string& peer, const std::string& bytes) {
+  try {
+    router_.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    router_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // EHOSTUNREACH: the peer's connection is gone; liveness removes it.
+  }
+}
+
+void Producer::handle(const std::string& peer, const void* data, std::size_t size) {
+  protocol::Message msg;
+  try {
+    msg = protocol::decode(data, size);
+  } catch (const protocol::VersionMismatch& e) {
+    stats_.refused += 1;
+    send_to(peer, protocol::encode(protocol::Refuse{
+                      std::string("producer '") + options_.name + "' speaks batchcast protocol " +
+                      std::to_string(protocol::kVersion) + " but this consumer speaks " +
+                      std::to_string(e.version()) + "; install the same batchcast version on both"}));
+    return;
+  } catch (const MalformedMessage&) {
+    stats_.dropped_messages += 1;
+    return;
+  }
+  auto member = members_.find(peer);
+  if (const auto* hello = std::get_if<protocol::Hello>(&msg)) {
+    if (member != members_.end() || hello->pid <= 0) {
+      stats_.dropped_messages += 1;
+      return;
+    }
+    Member m{next_member_id_++, hello->pid, next_joinable_epoch_};
+    members_.emplace(peer, m);
+    stats_.joins += 1;
+    protocol::Welcome w;
+    w.producer_pid = ::getpid();
+    w.ring_fd = region_ ? region_->fd() : -1;
+    w.ring_bytes = region_ ? region_->size() : 0;
+    w.consumer_id = m.id;
+    w.first_epoch = m.first_epoch;
+    w.samples_per_epoch = options_.samples_per_epoch;
+    send_to(peer, protocol::encode(w));
+    return;
+  }
+  if (member == members_.end()) {
+    stats_.dropped_messages += 1;
+    return;
+  }
+  if (const auto* release = std::get_if<protocol::Release>(&msg)) {
+    for (uint64_t seq : release->seqs) drop_holder(seq, peer);
+  } else if (std::holds_alternative<protocol::Bye>(msg)) {
+    remove_member(peer, false);
+  } else {
+    stats_.dropped_messages += 1;
+  }
+}
+
+void Producer::deliver(Outgoing& out) {
+  switch (out.route) {
+    case Route::EpochBegin:  // newcomers may still join this epoch until its first batch
+      next_joinable_epoch_ = std::max(next_joinable_epoch_, out.epoch);
+      break;
+    case Route::Batch: {
+      if (next_joinable_epoch_ <= out.epoch) next_joinable_epoch_ = out.epoch + 1;
+      auto& who = holders_[out.seq];
+      for (auto& [peer, m] : members_) {
+        if (m.first_epoch > out.epoch) continue;
+        who.insert(peer);
+        m.batches_sent += 1;
+        send_to(peer, out.bytes);
+      }
+      if (who.empty()) {
+        holders_.erase(out.seq);
+        lanes_->release(out.seq);
+      }
+      break;
+    }
+    case Route::EpochEnd:
+      next_joinable_epoch_ = std::max(next_joinable_epoch_, out.epoch + 1);
+      for (auto& [peer, m] : members_) {
+        if (m.first_epoch <= out.epoch) send_to(peer, out.bytes);
+      }
+      break;
+    case Route::Everyone:  // RingReady, LoaderFailed, Finished
+      for (auto& [peer, m] : members_) send_to(peer, out.bytes);
+      break;
+  }
+}
+
+void Producer::drop_holder(uint64_t seq, const std::string& peer) {
+  auto it = holders_.find(seq);
+  if (it == holders_.end()) return;
+  it->second.erase(peer);
+  if (it->second.empty()) {
+    holders_.erase(it);
+    lanes_->release(seq);
+  }
+}
+
+void Producer::remove_member(const std::string& peer, bool crashed) {
+  std::vector<uint64_t> held;
+  for (const auto& [seq, who] : holders_) {
+    if (who.count(peer)) held.push_back(seq);
+  }
+  for (uint64_t seq : held) drop_holder(seq, peer);
+  members_.erase(peer);
+  if (crashed) {
+    stats_.crashes += 1;
+  } else {
+    stats_.leaves += 1;
+  }
+}
+
+void Producer::check_liveness() {
+  std::vector<std::string> dead;
+  for (const auto& [peer, m] : members_) {
+    if (!process_alive(m.pid)) dead.push_back(peer);
+  }
+  for (const auto& peer : dead) remove_member(peer, true);
+}
+
+}  // namespace batchcast

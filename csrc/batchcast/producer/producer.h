@@ -1,0 +1,138 @@
+// The producer core: owns the ring, the ROUTER socket and the membership, and
+// publishes each loader batch once. The caller (the Python package, or a C++
+// program) drives epochs and hands over batches; one I/O thread does the rest.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "batchcast/common/batch.h"
+#include "batchcast/common/endpoint.h"
+#include "batchcast/ring/ring.h"
+
+namespace batchcast {
+
+struct ProducerOptions {
+  std::string name;
+  std::string runtime_dir;        // empty: the per-user default
+  int64_t slots = 8;              // the ring holds this many batches the size of the first
+  uint64_t ring_bytes = 0;        // lower bound on the ring's size
+  int64_t samples_per_epoch = -1; // -1 unknown; learned after the first epoch
+};
+
+struct ConsumerInfo {
+  uint64_t id = 0;
+  int64_t pid = 0;
+  int64_t first_epoch = 0;
+  int64_t slots_held = 0;
+  int64_t batches_sent = 0;
+};
+
+struct ProducerStats {
+  int64_t batches_published = 0;
+  int64_t bytes_published = 0;
+  double publish_seconds = 0;     // copying into the ring
+  double wait_seconds = 0;        // waiting for ring space (the slowest consumer)
+  int64_t joins = 0;
+  int64_t leaves = 0;             // said goodbye
+  int64_t crashes = 0;            // vanished without goodbye
+  int64_t refused = 0;            // other protocol versions
+  int64_t dropped_messages = 0;   // malformed or unexpected
+  uint64_t ring_bytes = 0;
+  int64_t slots_in_use = 0;
+  std::vector<ConsumerInfo> consumers;
+};
+
+class Producer {
+ public:
+  explicit Producer(ProducerOptions options);
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+  ~Producer();
+
+  // Blocks until `count` consumers are present. False on timeout (seconds < 0:
+  // no timeout). Throws Stopped when stop() is called meanwhile.
+  bool wait_for_consumers(int64_t count, double timeout_seconds);
+
+  void begin_epoch(int64_t epoch);
+  // Copies the batch into the ring (waiting for space) and announces it.
+  // Throws Stopped, InvalidArgument for unsharable batches.
+  void publish(const Batch& batch);
+  void end_epoch();
+  // The loader raised: every consumer gets a LoaderError with this message.
+  void fail(const std::string& message);
+  // No more epochs; consumers finish what they hold and then stop.
+  void finish();
+  // Safe from any thread: wakes and fails every blocked call.
+  void stop();
+
+  ProducerStats stats() const;
+  std::string endpoint() const { return endpoint_; }
+  int64_t consumer_count() const;
+
+ private:
+  struct Member {
+    uint64_t id;
+    int64_t pid;
+    int64_t first_epoch;
+    int64_t batches_sent = 0;
+  };
+  // What the I/O thread sends, in order, and to whom.
+  enum class Route { EpochBegin, Batch, EpochEnd, Everyone };
+  struct Outgoing {
+    Route route;
+    int64_t epoch = -1;
+    uint64_t seq = 0;
+    std::string bytes;
+  };
+
+  void serve();
+  void handle(const std::string& peer, const void* data, std::size_t size);
+  void deliver(Outgoing& out);
+  void send_to(const std::string& peer, const std::string& bytes);
+  void remove_member(const std::string& peer, bool crashed);
+  void drop_holder(uint64_t seq, const std::string& peer);
+  void check_liveness();
+  void enqueue(Outgoing out);
+  void create_ring(const std::vector<uint64_t>& leaf_bytes);
+
+  ProducerOptions options_;
+  std::string dir_;
+  std::unique_ptr<NameLock> lock_;
+  std::string endpoint_;
+  zmq::context_t context_;
+  zmq::socket_t router_;
+  Wakeup wakeup_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;  // members, ring space, stop
+  std::map<std::string, Member> members_;
+  std::map<uint64_t, std::set<std::string>> holders_;
+  std::deque<Outgoing> outbox_;
+  std::optional<SharedRegion> region_;
+  std::optional<LaneAllocator> lanes_;
+  int64_t epoch_ = -1;
+  int64_t epoch_batches_ = 0;
+  int64_t epoch_samples_ = 0;
+  int64_t epochs_done_ = 0;
+  int64_t next_joinable_epoch_ = 0;  // I/O thread's view, in announcement order
+  uint64_t next_member_id_ = 1;
+  ProducerStats stats_;
+  bool stopping_ = false;
+  std::atomic<bool> quit_io_{false};
+  std::thread io_;
+};
+
+}  // namespace batchcast

@@ -1,0 +1,301 @@
+#include "batchcast/protocol/message.h"
+
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace batchcast::protocol {
+namespace {
+
+constexpr std::size_t kElementSizes[kDTypeCount] = {1, 1, 2, 4, 8, 2, 4, 8, 1, 2, 8, 16, 2, 4, 8};
+constexpr const char* kDTypeNames[kDTypeCount] = {
+    "uint8",   "int8",    "int16", "int32",    "int64",     "float16",    "float32", "float64",
+    "bool",    "bfloat16", "complex64", "complex128", "uint16", "uint32", "uint64"};
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  void text(const std::string& s) {
+    put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  Reader(const char* data, std::size_t size) : p_(data), end_(data + size) {}
+
+  template <typename T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    need(sizeof(T));
+    T value;
+    std::memcpy(&value, p_, sizeof(T));
+    p_ += sizeof(T);
+    return value;
+  }
+  std::string text(std::size_t limit) {
+    auto n = get<uint32_t>();
+    if (n > limit) throw MalformedMessage("string of " + std::to_string(n) + " bytes exceeds limit");
+    need(n);
+    std::string s(p_, n);
+    p_ += n;
+    return s;
+  }
+  // A count of elements that each take at least `min_bytes`: rejects counts
+  // that cannot fit in what is left before allocating anything.
+  std::size_t count(std::size_t limit, std::size_t min_bytes) {
+    auto n = get<uint32_t>();
+    if (n > limit) throw MalformedMessage("count " + std::to_string(n) + " exceeds limit");
+    if (min_bytes > 0 && n > remaining() / min_bytes) throw MalformedMessage("count exceeds message");
+    return n;
+  }
+  std::size_t remaining() const { return static_cast<std::size_t>(end_ - p_); }
+  void finish() const {
+    if (p_ != end_) throw MalformedMessage(std::to_string(remaining()) + " trailing bytes");
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (remaining() < n) throw MalformedMessage("truncated message");
+  }
+  const char* p_;
+  const char* end_;
+};
+
+void encode_leaf(Writer& w, const Leaf& leaf) {
+  if (const auto* t = std::get_if<TensorLeaf>(&leaf)) {
+    w.put<uint8_t>(1);
+    w.put<uint8_t>(static_cast<uint8_t>(t->dtype));
+    w.put<uint8_t>(static_cast<uint8_t>(t->shape.size()));
+    for (int64_t d : t->shape) w.put<int64_t>(d);
+    w.put<uint64_t>(t->offset);
+  } else {
+    const auto& l = std::get<ListLeaf>(leaf);
+    w.put<uint8_t>(2);
+    w.put<uint8_t>(static_cast<uint8_t>(l.kind));
+    w.put<uint32_t>(static_cast<uint32_t>(l.items.size()));
+    for (const auto& item : l.items) w.text(item);
+  }
+}
+
+Leaf decode_leaf(Reader& r, int64_t samples) {
+  auto tag = r.get<uint8_t>();
+  if (tag == 1) {
+    TensorLeaf t;
+    auto dtype = r.get<uint8_t>();
+    if (dtype >= kDTypeCount) throw MalformedMessage("unknown dtype " + std::to_string(dtype));
+    t.dtype = static_cast<DType>(dtype);
+    auto ndim = r.get<uint8_t>();
+    if (ndim == 0 || ndim > kMaxDims) throw MalformedMessage("bad tensor rank");
+    t.shape.resize(ndim);
+    for (auto& d : t.shape) {
+      d = r.get<int64_t>();
+      if (d < 0) throw MalformedMessage("negative dimension");
+    }
+    if (t.shape[0] != samples) throw MalformedMessage("tensor rows differ from batch samples");
+    // Reject sizes whose byte count would overflow.
+    unsigned __int128 bytes = element_size(t.dtype);
+    for (int64_t d : t.shape) {
+      bytes *= static_cast<uint64_t>(d);
+      if (bytes > std::numeric_limits<uint64_t>::max() / 2) throw MalformedMessage("tensor too large");
+    }
+    t.offset = r.get<uint64_t>();
+    if (t.offset > std::numeric_limits<uint64_t>::max() / 2) throw MalformedMessage("bad offset");
+    return t;
+  }
+  if (tag == 2) {
+    ListLeaf l;
+    auto kind = r.get<uint8_t>();
+    if (kind != 1 && kind != 2) throw MalformedMessage("unknown list kind");
+    l.kind = static_cast<ListKind>(kind);
+    std::size_t n = r.count(kMaxItems, sizeof(uint32_t));
+    if (static_cast<int64_t>(n) != samples) throw MalformedMessage("list length differs from samples");
+    l.items.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) l.items.push_back(r.text(kMaxText));
+    return l;
+  }
+  throw MalformedMessage("unknown leaf tag");
+}
+
+}  // namespace
+
+std::size_t element_size(DType dtype) { return kElementSizes[static_cast<uint8_t>(dtype)]; }
+const char* dtype_name(DType dtype) { return kDTypeNames[static_cast<uint8_t>(dtype)]; }
+
+uint64_t TensorLeaf::nbytes() const {
+  uint64_t n = element_size(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+VersionMismatch::VersionMismatch(uint16_t version)
+    : MalformedMessage("protocol version " + std::to_string(version) + ", this side speaks " +
+                       std::to_string(kVersion)),
+      version_(version) {}
+
+std::string encode(const Message& message) { return encode(message, kVersion); }
+
+std::string encode(const Message& message, uint16_t version) {
+  Writer w;
+  w.put<uint32_t>(kMagic);
+  w.put<uint16_t>(version);
+  w.put<uint16_t>(static_cast<uint16_t>(message.index() + 1));
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, Hello>) {
+          w.put<int64_t>(m.pid);
+          w.put<uint32_t>(m.flags);
+        } else if constexpr (std::is_same_v<T, Welcome>) {
+          w.put<int64_t>(m.producer_pid);
+          w.put<int32_t>(m.ring_fd);
+          w.put<uint64_t>(m.ring_bytes);
+          w.put<uint64_t>(m.consumer_id);
+          w.put<int64_t>(m.first_epoch);
+          w.put<int64_t>(m.samples_per_epoch);
+        } else if constexpr (std::is_same_v<T, Refuse>) {
+          w.text(m.reason);
+        } else if constexpr (std::is_same_v<T, Announcement>) {
+          w.put<int64_t>(m.epoch);
+          w.put<int64_t>(m.index);
+          w.put<uint64_t>(m.seq);
+          w.put<int64_t>(m.samples);
+          w.text(m.layout);
+          w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
+          for (const auto& leaf : m.leaves) encode_leaf(w, leaf);
+        } else if constexpr (std::is_same_v<T, EpochEnd>) {
+          w.put<int64_t>(m.epoch);
+          w.put<int64_t>(m.samples);
+          w.put<int64_t>(m.batches);
+        } else if constexpr (std::is_same_v<T, LoaderFailed>) {
+          w.put<int64_t>(m.epoch);
+          w.text(m.message);
+        } else if constexpr (std::is_same_v<T, Finished>) {
+          w.put<int64_t>(m.epochs);
+        } else if constexpr (std::is_same_v<T, RingReady>) {
+          w.put<int32_t>(m.ring_fd);
+          w.put<uint64_t>(m.ring_bytes);
+        } else if constexpr (std::is_same_v<T, Release>) {
+          w.put<uint32_t>(static_cast<uint32_t>(m.seqs.size()));
+          for (uint64_t s : m.seqs) w.put<uint64_t>(s);
+        }
+      },
+      message);
+  return w.take();
+}
+
+Message decode(const void* data, std::size_t size) {
+  Reader r(static_cast<const char*>(data), size);
+  if (r.get<uint32_t>() != kMagic) throw MalformedMessage("bad magic");
+  auto version = r.get<uint16_t>();
+  auto kind = static_cast<Kind>(r.get<uint16_t>());
+  if (kind == Kind::Refuse) {  // the one message every version can read
+    Refuse m{r.text(kMaxText)};
+    r.finish();
+    return m;
+  }
+  if (version != kVersion) throw VersionMismatch(version);
+  Message out;
+  switch (kind) {
+    case Kind::Hello: {
+      Hello m;
+      m.pid = r.get<int64_t>();
+      m.flags = r.get<uint32_t>();
+      out = m;
+      break;
+    }
+    case Kind::Welcome: {
+      Welcome m;
+      m.producer_pid = r.get<int64_t>();
+      m.ring_fd = r.get<int32_t>();
+      m.ring_bytes = r.get<uint64_t>();
+      m.consumer_id = r.get<uint64_t>();
+      m.first_epoch = r.get<int64_t>();
+      m.samples_per_epoch = r.get<int64_t>();
+      if (m.producer_pid <= 0 || m.ring_fd < -1 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
+          (m.ring_fd >= 0) != (m.ring_bytes > 0)) {
+        throw MalformedMessage("bad welcome");
+      }
+      out = m;
+      break;
+    }
+    case Kind::Announcement: {
+      Announcement m;
+      m.epoch = r.get<int64_t>();
+      m.index = r.get<int64_t>();
+      m.seq = r.get<uint64_t>();
+      m.samples = r.get<int64_t>();
+      if (m.epoch < 0 || m.index < 0 || m.samples < 0) throw MalformedMessage("negative field");
+      m.layout = r.text(kMaxText);
+      std::size_t n = r.count(kMaxLeaves, 2);
+      m.leaves.reserve(n);
+      for (std::size_t i = 0; i < n; ++i) m.leaves.push_back(decode_leaf(r, m.samples));
+      out = std::move(m);
+      break;
+    }
+    case Kind::EpochEnd: {
+      EpochEnd m;
+      m.epoch = r.get<int64_t>();
+      m.samples = r.get<int64_t>();
+      m.batches = r.get<int64_t>();
+      if (m.epoch < 0 || m.samples < 0 || m.batches < 0) throw MalformedMessage("negative field");
+      out = m;
+      break;
+    }
+    case Kind::LoaderFailed: {
+      LoaderFailed m;
+      m.epoch = r.get<int64_t>();
+      m.message = r.text(kMaxText);
+      out = std::move(m);
+      break;
+    }
+    case Kind::Finished:
+      out = Finished{r.get<int64_t>()};
+      break;
+    case Kind::Heartbeat:
+      out = Heartbeat{};
+      break;
+    case Kind::Release: {
+      Release m;
+      std::size_t n = r.count(kMaxReleases, sizeof(uint64_t));
+      m.seqs.resize(n);
+      for (auto& s : m.seqs) s = r.get<uint64_t>();
+      out = std::move(m);
+      break;
+    }
+    case Kind::Bye:
+      out = Bye{};
+      break;
+    case Kind::RingReady: {
+      RingReady m;
+      m.ring_fd = r.get<int32_t>();
+      m.ring_bytes = r.get<uint64_t>();
+      if (m.ring_fd < 0 || m.ring_bytes == 0) throw MalformedMessage("bad ring");
+      out = m;
+      break;
+    }
+    default:
+      throw MalformedMessage("unknown message kind " + std::to_string(static_cast<int>(kind)));
+  }
+  r.finish();
+  return out;
+}
+
+const char* kind_name(const Message& message) {
+  static constexpr const char* kNames[] = {"Hello",    "Welcome",      "Refuse",
+                                           "Announcement", "EpochEnd", "LoaderFailed",
+                                           "Finished", "Heartbeat",    "Release", "Bye",
+                                           "RingReady"};
+  return kNames[message.index()];
+}
+
+}  // namespace batchcast::protocol

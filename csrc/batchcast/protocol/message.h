@@ -1,0 +1,162 @@
+// The wire format between a producer and its consumers: an 8-byte header
+// (magic, version, kind) and a typed little-endian body. Decoding validates
+// every length and count before use; no pickle, no payload bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "batchcast/common/error.h"
+
+namespace batchcast::protocol {
+
+constexpr uint32_t kMagic = 0x54534342;  // "BCST"
+constexpr uint16_t kVersion = 1;
+constexpr std::size_t kHeaderBytes = 8;
+
+// Limits that bound what a decoder will allocate for one message.
+constexpr std::size_t kMaxDims = 16;
+constexpr std::size_t kMaxLeaves = 4096;
+constexpr std::size_t kMaxText = 16u << 20;
+constexpr std::size_t kMaxItems = 1u << 24;
+constexpr std::size_t kMaxReleases = 1u << 20;
+
+enum class Kind : uint16_t {
+  Hello = 1,
+  Welcome = 2,
+  Refuse = 3,
+  Announcement = 4,
+  EpochEnd = 5,
+  LoaderFailed = 6,
+  Finished = 7,
+  Heartbeat = 8,
+  Release = 9,
+  Bye = 10,
+  RingReady = 11,
+};
+
+enum class DType : uint8_t {
+  UInt8 = 0,
+  Int8 = 1,
+  Int16 = 2,
+  Int32 = 3,
+  Int64 = 4,
+  Float16 = 5,
+  Float32 = 6,
+  Float64 = 7,
+  Bool = 8,
+  BFloat16 = 9,
+  Complex64 = 10,
+  Complex128 = 11,
+  UInt16 = 12,
+  UInt32 = 13,
+  UInt64 = 14,
+};
+constexpr uint8_t kDTypeCount = 15;
+std::size_t element_size(DType dtype);
+const char* dtype_name(DType dtype);
+
+// Consumer -> producer: join.
+struct Hello {
+  int64_t pid = 0;
+  uint32_t flags = 0;  // reserved for join modes
+};
+
+// Producer -> consumer: accepted; where the ring is and which epoch is yours.
+struct Welcome {
+  int64_t producer_pid = 0;
+  int32_t ring_fd = -1;  // reopen as /proc/<producer_pid>/fd/<ring_fd>; -1: RingReady follows
+  uint64_t ring_bytes = 0;
+  uint64_t consumer_id = 0;
+  int64_t first_epoch = 0;
+  int64_t samples_per_epoch = -1;  // -1: unknown until the first epoch ends
+};
+
+// Producer -> consumer: not accepted. Readable by every protocol version.
+struct Refuse {
+  std::string reason;
+};
+
+// One leaf of a loader batch that lives in the ring: contiguous, dim 0 = samples.
+struct TensorLeaf {
+  DType dtype = DType::Float32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // bytes from the start of the ring
+  uint64_t nbytes() const;
+};
+
+// A per-sample list of non-tensor values (file names, ids), one item per sample.
+enum class ListKind : uint8_t { Text = 1, Json = 2 };
+struct ListLeaf {
+  ListKind kind = ListKind::Text;
+  std::vector<std::string> items;
+};
+
+using Leaf = std::variant<TensorLeaf, ListLeaf>;
+
+// Producer -> consumer: loader batch `index` of `epoch` is in the ring.
+struct Announcement {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  uint64_t seq = 0;  // ring slot sequence number, echoed back in Release
+  int64_t samples = 0;
+  std::string layout;  // opaque structure description (JSON written by the Python package)
+  std::vector<Leaf> leaves;
+};
+
+struct EpochEnd {
+  int64_t epoch = 0;
+  int64_t samples = 0;
+  int64_t batches = 0;
+};
+
+struct LoaderFailed {
+  int64_t epoch = 0;
+  std::string message;
+};
+
+// No more epochs. `epochs` is how many were served in full.
+struct Finished {
+  int64_t epochs = 0;
+};
+
+struct Heartbeat {};
+
+// Consumer -> producer: these slots are no longer referenced here.
+struct Release {
+  std::vector<uint64_t> seqs;
+};
+
+struct Bye {};
+
+// Producer -> consumer: the ring exists now (it is sized from the first batch).
+struct RingReady {
+  int32_t ring_fd = -1;
+  uint64_t ring_bytes = 0;
+};
+
+using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
+                             Finished, Heartbeat, Release, Bye, RingReady>;
+
+// A well-formed message of another protocol version.
+class VersionMismatch : public MalformedMessage {
+ public:
+  explicit VersionMismatch(uint16_t version);
+  uint16_t version() const { return version_; }
+
+ private:
+  uint16_t version_;
+};
+
+std::string encode(const Message& message);
+std::string encode(const Message& message, uint16_t version);  // for tests of refusal
+
+// Throws MalformedMessage (or VersionMismatch) for anything not exactly valid.
+Message decode(const void* data, std::size_t size);
+
+const char* kind_name(const Message& message);
+
+}  // namespace batchcast::protocol

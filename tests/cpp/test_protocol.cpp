@@ -1,0 +1,156 @@
+// Encode/decode round trips, and that truncated, oversized, corrupted and
+// random input is rejected with MalformedMessage, never a crash.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "batchcast/protocol/message.h"
+
+using namespace batchcast;
+using namespace batchcast::protocol;
+
+namespace {
+
+Announcement sample_announcement() {
+  Announcement a;
+  a.epoch = 3;
+  a.index = 17;
+  a.seq = 99;
+  a.samples = 4;
+  a.layout = R"(["tuple",[["leaf",0],["leaf",1]]])";
+  a.leaves.push_back(TensorLeaf{DType::Float32, {4, 3, 8, 8}, 4096});
+  a.leaves.push_back(ListLeaf{ListKind::Text, {"a.jpg", "b.jpg", "", "d\xc3\xa9.jpg"}});
+  return a;
+}
+
+}  // namespace
+
+TEST(Protocol, AnnouncementRoundTrip) {
+  Announcement a = sample_announcement();
+  auto bytes = encode(a);
+  EXPECT_LT(bytes.size(), 200u);  // tens of bytes, no payload
+  auto b = std::get<Announcement>(decode(bytes.data(), bytes.size()));
+  EXPECT_EQ(b.epoch, 3);
+  EXPECT_EQ(b.index, 17);
+  EXPECT_EQ(b.seq, 99u);
+  EXPECT_EQ(b.samples, 4);
+  EXPECT_EQ(b.layout, a.layout);
+  ASSERT_EQ(b.leaves.size(), 2u);
+  const auto& t = std::get<TensorLeaf>(b.leaves[0]);
+  EXPECT_EQ(t.dtype, DType::Float32);
+  EXPECT_EQ(t.shape, (std::vector<int64_t>{4, 3, 8, 8}));
+  EXPECT_EQ(t.offset, 4096u);
+  EXPECT_EQ(t.nbytes(), 4u * 3 * 8 * 8 * 4);
+  EXPECT_EQ(std::get<ListLeaf>(b.leaves[1]).items, std::get<ListLeaf>(a.leaves[1]).items);
+}
+
+TEST(Protocol, EveryKindRoundTrips) {
+  std::vector<Message> all = {Hello{1234, 0},
+                              Welcome{77, 5, 1 << 20, 9, 2, 1003},
+                              Refuse{"no"},
+                              sample_announcement(),
+                              EpochEnd{1, 1003, 32},
+                              LoaderFailed{0, "ValueError: bad sample 7"},
+                              Finished{2},
+                              Heartbeat{},
+                              Release{{1, 2, 3}},
+                              Bye{},
+                              RingReady{5, 8192}};
+  for (const auto& m : all) {
+    auto bytes = encode(m);
+    auto back = decode(bytes.data(), bytes.size());
+    EXPECT_EQ(back.index(), m.index()) << kind_name(m);
+    EXPECT_EQ(encode(back), bytes) << kind_name(m);
+  }
+}
+
+TEST(Protocol, EveryTruncationIsRejected) {
+  std::vector<Message> all = {Hello{1234, 0}, Welcome{77, 5, 1 << 20, 9, 2, 1003},
+                              sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3}};
+  for (const auto& m : all) {
+    auto bytes = encode(m);
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      EXPECT_THROW(decode(bytes.data(), n), MalformedMessage) << kind_name(m) << " cut at " << n;
+    }
+    bytes.push_back('x');
+    EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage) << "trailing byte";
+  }
+}
+
+TEST(Protocol, OversizedCountsAreRejectedBeforeAllocating) {
+  // A release claiming 1M sequence numbers in a 16-byte body.
+  std::string bytes = encode(Release{{1}});
+  uint32_t huge = 1u << 20;
+  std::memcpy(bytes.data() + kHeaderBytes, &huge, sizeof(huge));
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+  huge = 0xffffffffu;
+  std::memcpy(bytes.data() + kHeaderBytes, &huge, sizeof(huge));
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+}
+
+TEST(Protocol, InconsistentAnnouncementsAreRejected) {
+  Announcement a = sample_announcement();
+  std::get<TensorLeaf>(a.leaves[0]).shape[0] = 5;  // rows != samples
+  auto bytes = encode(a);
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  a = sample_announcement();
+  std::get<ListLeaf>(a.leaves[1]).items.pop_back();  // items != samples
+  bytes = encode(a);
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  a = sample_announcement();
+  std::get<TensorLeaf>(a.leaves[0]).shape = {4, -1};
+  bytes = encode(a);
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  a = sample_announcement();
+  std::get<TensorLeaf>(a.leaves[0]).shape = {4, int64_t{1} << 40, int64_t{1} << 40};  // overflow
+  bytes = encode(a);
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  bytes = encode(sample_announcement());
+  bytes[kHeaderBytes + 32 + 4 + a.layout.size() + 4 + 1] = 42;  // dtype byte of leaf 0
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+}
+
+TEST(Protocol, OtherVersionsAreRecognised) {
+  auto bytes = encode(Hello{1, 0}, 7);
+  try {
+    decode(bytes.data(), bytes.size());
+    FAIL() << "accepted another version";
+  } catch (const VersionMismatch& e) {
+    EXPECT_EQ(e.version(), 7);
+  }
+  // A refusal is readable whatever version wrote it.
+  bytes = encode(Refuse{"speak version 1"}, 7);
+  EXPECT_EQ(std::get<Refuse>(decode(bytes.data(), bytes.size())).reason, "speak version 1");
+}
+
+TEST(Protocol, RandomInputNeverCrashes) {
+  std::mt19937_64 rng(12345);
+  std::string valid = encode(sample_announcement());
+  int accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string bytes;
+    if (i % 2 == 0) {
+      bytes.resize(rng() % 256);
+      for (auto& c : bytes) c = static_cast<char>(rng());
+      if (bytes.size() >= 8 && i % 4 == 0) {  // valid header, random body
+        std::memcpy(bytes.data(), valid.data(), 6);
+        bytes[6] = static_cast<char>(1 + rng() % 11);
+        bytes[7] = 0;
+      }
+    } else {  // flip a few bytes of a valid message
+      bytes = valid;
+      for (int k = 0; k < 3; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    }
+    try {
+      decode(bytes.data(), bytes.size());
+      ++accepted;
+    } catch (const MalformedMessage&) {
+    }
+  }
+  EXPECT_LT(accepted, 200000);
+}

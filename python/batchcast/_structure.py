@@ -1,0 +1,163 @@
+"""Flattens whatever a DataLoader yields into leaves the C++ core can share,
+and rebuilds the same structure on the consumer side.
+
+A leaf is a tensor whose dim 0 is the batch (shared through the ring) or a
+per-sample list of plain values such as file names (sent with the
+announcement). Everything else in the structure (containers, scalars) is
+described by a small JSON layout; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import json
+from typing import Any
+
+import torch
+
+TEXT, JSON = 1, 2
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def _batch_size(obj: Any) -> int | None:
+    """Dim 0 of the first tensor with one, else the length of the first plain list."""
+    stack = [obj]
+    first_list = None
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, torch.Tensor):
+            if node.dim() > 0:
+                return node.shape[0]
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            if node and all(isinstance(v, _PLAIN) for v in node) and not _is_namedtuple(node):
+                if first_list is None:
+                    first_list = len(node)
+            else:
+                stack.extend(node)
+    return first_list
+
+
+def flatten(batch: Any) -> tuple[list, str, int]:
+    """Returns (leaves, layout, samples) for one loader batch."""
+    samples = _batch_size(batch)
+    if samples is None:
+        raise TypeError(
+            f"batchcast cannot tell the batch size of a {type(batch).__name__}: a batch needs at "
+            "least one tensor with a batch dimension or one per-sample list"
+        )
+    leaves: list = []
+    layout = _visit(batch, "batch", samples, leaves)
+    return leaves, json.dumps(layout, separators=(",", ":")), samples
+
+
+def _visit(node: Any, path: str, samples: int, leaves: list) -> Any:
+    # Module level for the same reason as _build: no reference cycles over tensors.
+    if isinstance(node, torch.Tensor):
+        if node.dim() == 0:
+            return ["z", node.item(), str(node.dtype).removeprefix("torch.")]
+        if node.shape[0] != samples:
+            raise TypeError(
+                f"tensor at {path} has {node.shape[0]} rows but the batch has {samples} "
+                "samples; every tensor in a batch must have the batch as dim 0"
+            )
+        if node.is_sparse or node.layout != torch.strided:
+            raise TypeError(f"tensor at {path} is not a dense (strided) tensor")
+        leaves.append(node)
+        return ["T", len(leaves) - 1]
+    if isinstance(node, _PLAIN):
+        return ["v", node]
+    if isinstance(node, dict):
+        keys = list(node.keys())
+        for k in keys:
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise TypeError(f"dict at {path} has a key of type {type(k).__name__}; "
+                                "batchcast supports str and int keys")
+        return ["d", keys, [_visit(node[k], f"{path}[{k!r}]", samples, leaves) for k in keys]]
+    if _is_namedtuple(node):
+        cls = type(node)
+        return ["n", cls.__module__, cls.__qualname__, list(cls._fields),
+                [_visit(v, f"{path}.{f}", samples, leaves) for f, v in zip(cls._fields, node)]]
+    if isinstance(node, (list, tuple)):
+        if node and all(isinstance(v, _PLAIN) for v in node):
+            if len(node) != samples:
+                raise TypeError(
+                    f"list at {path} has {len(node)} items but the batch has {samples} "
+                    "samples; a list of plain values must have one item per sample"
+                )
+            if all(isinstance(v, str) for v in node):
+                leaves.append((TEXT, list(node)))
+            else:
+                leaves.append((JSON, [json.dumps(v) for v in node]))
+            return ["S", len(leaves) - 1, isinstance(node, tuple)]
+        tag = "t" if isinstance(node, tuple) else "l"
+        return [tag, [_visit(v, f"{path}[{i}]", samples, leaves) for i, v in enumerate(node)]]
+    raise TypeError(
+        f"batchcast cannot share the {type(node).__module__}.{type(node).__qualname__} at "
+        f"{path}: supported are tensors, per-sample lists of str/int/float/bool/None, "
+        "scalars, and tuples, lists, dicts and namedtuples of these (convert other objects "
+        "to tensors in the dataset or collate_fn)"
+    )
+
+
+_layouts: dict[str, Any] = {}
+_namedtuples: dict[tuple, type] = {}
+
+
+def _namedtuple_class(module: str, qualname: str, fields: list[str]) -> type:
+    key = (module, qualname, tuple(fields))
+    cls = _namedtuples.get(key)
+    if cls is None:
+        try:  # the producer's own class when this process can import it
+            cls = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+            if not (isinstance(cls, type) and issubclass(cls, tuple)
+                    and tuple(getattr(cls, "_fields", ())) == tuple(fields)):
+                raise TypeError
+        except Exception:
+            cls = collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
+        _namedtuples[key] = cls
+    return cls
+
+
+def unflatten(layout: str, leaves: list) -> Any:
+    tree = _layouts.get(layout)
+    if tree is None:
+        tree = json.loads(layout)
+        if len(_layouts) > 256:
+            _layouts.clear()
+        _layouts[layout] = tree
+
+    return _build(tree, leaves)
+
+
+def _build(node: list, leaves: list) -> Any:
+    # Module level on purpose: a recursive closure is a reference cycle that would
+    # keep each batch's tensors, and so their ring slots, alive until gc runs.
+    tag = node[0]
+    if tag == "T":
+        return leaves[node[1]]
+    if tag == "S":
+        kind, values = leaves[node[1]]
+        items = values if kind == TEXT else [json.loads(v) for v in values]
+        return tuple(items) if node[2] else items
+    if tag == "v":
+        return node[1]
+    if tag == "z":
+        return torch.tensor(node[1], dtype=getattr(torch, node[2]))
+    if tag == "d":
+        return dict(zip(node[1], (_build(c, leaves) for c in node[2])))
+    if tag == "t":
+        return tuple(_build(c, leaves) for c in node[1])
+    if tag == "l":
+        return [_build(c, leaves) for c in node[1]]
+    if tag == "n":
+        return _namedtuple_class(node[1], node[2], node[3])(*(_build(c, leaves) for c in node[4]))
+    raise ValueError(f"unknown layout node {tag!r}")

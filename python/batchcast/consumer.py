@@ -1,0 +1,96 @@
+"""The consumer side: a drop-in replacement for a DataLoader in a training
+script. Yields the producer's batches rebatched to this consumer's size."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterator
+
+from . import _C
+from ._structure import unflatten
+
+
+class Consumer:
+    """Iterate it like a DataLoader: each ``iter()`` is one epoch.
+
+    Tensors are read-only views of shared memory (modify copies, not them); they
+    stay valid for as long as you hold them, and the producer reuses their
+    memory only after every consumer has dropped them.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        timeout: float = 30.0,
+        runtime_dir: str | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        self.name = name
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self._core = _C.Consumer(name, batch_size, self.drop_last, float(timeout),
+                                 runtime_dir or "")
+        self._stats: dict | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        core = self._live()
+        core.begin_epoch()
+        return self._epoch(core)
+
+    def _epoch(self, core: Any) -> Iterator[Any]:
+        empty = True
+        while True:
+            item = core.next()
+            if item is None:
+                break
+            empty = False
+            layout, leaves, _ = item
+            yield unflatten(layout, leaves)
+        if empty and core.finished:
+            warnings.warn(
+                f"batchcast producer '{self.name}' has finished serving; this epoch is empty",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def __len__(self) -> int:
+        n = self._live().batches_per_epoch
+        if n < 0:
+            raise TypeError(
+                f"the length of consumer '{self.name}' is unknown until the producer's first "
+                "epoch ends (its loader has no length); pass samples_per_epoch= to the Producer"
+            )
+        return n
+
+    def _live(self) -> Any:
+        if self._core is None:
+            raise RuntimeError(f"consumer of '{self.name}' is closed")
+        return self._core
+
+    def close(self) -> None:
+        """Leaves the producer. Tensors already handed out stay valid."""
+        core, self._core = self._core, None
+        if core is not None:
+            self._stats = core.stats()
+            core.close()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def stats(self) -> dict:
+        """Counters: batches and samples received, views vs copies, slots held,
+        dropped malformed messages."""
+        return self._core.stats() if self._core is not None else dict(self._stats or {})

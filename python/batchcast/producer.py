@@ -1,0 +1,172 @@
+"""The producer side: iterates a DataLoader (or any iterable of batches) once
+per epoch and publishes every batch once into shared memory."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from . import _C
+from ._structure import flatten
+
+
+def _samples_per_epoch(loader: Any) -> int:
+    """Samples a DataLoader yields per epoch, or -1 when it cannot tell in advance."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    try:
+        if batch_sampler is not None:
+            n = len(batch_sampler.sampler)
+            size = batch_sampler.batch_size
+            return n // size * size if batch_sampler.drop_last else n
+        if getattr(loader, "batch_size", 0) is None and hasattr(loader, "sampler"):
+            return -1  # no automatic batching: samples per batch unknown
+    except (AttributeError, TypeError, NotImplementedError):
+        pass
+    return -1
+
+
+class Producer:
+    """Serves the batches of `loader` to every `batchcast.Consumer` of `name`.
+
+    ``run()`` blocks and serves; ``start()``/``stop()`` (or ``with``) serve from a
+    background thread. The loader is iterated exactly as a training loop would:
+    one ``iter(loader)`` per epoch, nothing extra.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable,
+        name: str,
+        device: str = "cpu",
+        epochs: int | None = None,
+        *,
+        min_consumers: int = 1,
+        slots: int = 8,
+        ring_bytes: int = 0,
+        samples_per_epoch: int | None = None,
+        runtime_dir: str | None = None,
+    ) -> None:
+        if str(device) != "cpu":
+            raise ValueError(
+                f"device={device!r}: this batchcast build serves from host shared memory only; "
+                "use device='cpu' (consumers move batches to their GPU)"
+            )
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 0):
+            raise ValueError(f"epochs must be None (serve until stopped) or an int >= 0, not {epochs!r}")
+        if not isinstance(min_consumers, int) or min_consumers < 1:
+            raise ValueError(f"min_consumers must be an int >= 1, not {min_consumers!r}")
+        if not hasattr(loader, "__iter__"):
+            raise TypeError(f"loader must be iterable, not {type(loader).__name__}")
+        self.loader = loader
+        self.name = name
+        self.epochs = epochs
+        self.min_consumers = min_consumers
+        if samples_per_epoch is None:
+            samples_per_epoch = _samples_per_epoch(loader)
+        self._core = _C.Producer(
+            name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch)
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stats: dict | None = None
+        self.error: BaseException | None = None
+        self.epochs_served = 0
+
+    # ---- serving ----------------------------------------------------------
+    def run(self) -> None:
+        """Serves every epoch, then returns. Raises what the loader raised."""
+        try:
+            self._serve()
+        finally:
+            self.close()
+
+    def _serve(self) -> None:
+        core = self._core
+        try:
+            core.wait_for_consumers(self.min_consumers)
+            epoch = 0
+            while self.epochs is None or epoch < self.epochs:
+                core.wait_for_consumers(1)
+                core.begin_epoch(epoch)
+                iterator = iter(self.loader)
+                try:
+                    for batch in iterator:
+                        if self._stop.is_set():
+                            raise _C.Stopped("producer stopped")
+                        leaves, layout, samples = flatten(batch)
+                        core.publish(leaves, layout, samples)
+                except _C.Stopped:
+                    raise
+                except Exception as exc:
+                    core.fail(f"{type(exc).__name__}: {exc}")
+                    raise
+                finally:
+                    del iterator  # shuts DataLoader workers down as a loop would
+                core.end_epoch()
+                epoch += 1
+                self.epochs_served = epoch
+        except _C.Stopped:
+            pass
+        core.finish()
+
+    def start(self) -> "Producer":
+        """Serves from a background thread (for notebooks); returns self."""
+        if self._thread is not None:
+            raise RuntimeError("producer already started")
+
+        def target() -> None:
+            try:
+                self._serve()
+            except BaseException as exc:  # kept for stop() / __exit__ to re-raise
+                self.error = exc
+
+        self._thread = threading.Thread(target=target, name=f"batchcast-producer-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stops serving (consumers mid-epoch get ProducerLost), frees the name."""
+        self._stop.set()
+        if self._core is not None:
+            self._core.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.close()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def close(self) -> None:
+        """Releases the name, the socket and this process's mapping of the ring."""
+        core, self._core = self._core, None
+        if core is not None:
+            self._stats = core.stats()
+            core.stop()
+            del core
+
+    def __enter__(self) -> "Producer":
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            self._stop.set()
+            if self._core is not None:
+                self._core.stop()
+        except Exception:
+            pass
+
+    @property
+    def consumers(self) -> int:
+        """Consumers connected right now."""
+        return self._core.consumer_count() if self._core is not None else 0
+
+    def stats(self) -> dict:
+        """Counters: batches and bytes published, time copying and waiting for
+        the slowest consumer, joins, leaves, crashes, dropped messages, and per
+        consumer the slots it holds."""
+        return self._core.stats() if self._core is not None else dict(self._stats or {})

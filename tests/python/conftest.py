@@ -1,0 +1,79 @@
+"""Shared fixtures: a private runtime directory per test, and helpers to run
+producer and consumer processes from workers.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+
+@pytest.fixture
+def runtime_dir(tmp_path, monkeypatch):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("BATCHCAST_RUNTIME_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def name():
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+class Procs:
+    """Starts worker processes; kills any left running when the test ends."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, role: str, name: str, *flags: str, out: str | None = None) -> subprocess.Popen:
+        cmd = [sys.executable, str(HERE / "workers.py"), role, name, *flags]
+        if out is not None:
+            cmd += ["--out", str(self.tmp / out)]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        return p
+
+    def result(self, out: str) -> dict:
+        return json.loads((self.tmp / out).read_text())
+
+    def wait_all(self, timeout: float = 120) -> None:
+        for p in self.procs:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise
+            if p.returncode != 0:
+                raise AssertionError(f"{p.args} exited {p.returncode}:\n{p.stderr.read()}")
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def procs(tmp_path, runtime_dir):
+    p = Procs(tmp_path)
+    yield p
+    p.kill_all()
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))

@@ -1,0 +1,142 @@
+"""End to end with real processes: one producer, several consumers, each
+checking every sample id exactly once and in order, and the payload of each."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+from conftest import shm_entries
+from torch.utils.data import DataLoader
+
+from workers import IdDataset
+
+N, L = 1003, 32
+
+
+def expected_sizes(n: int, b: int, drop_last: bool) -> list[int]:
+    sizes = [b] * (n // b)
+    if n % b and not drop_last:
+        sizes.append(n % b)
+    return sizes
+
+
+def test_four_consumers_get_every_sample_once_in_order_over_two_epochs(procs, name, runtime_dir):
+    shm_before = shm_entries()
+    consumers = {16: False, 32: False, 100: False, 7: True}  # smaller, equal, larger, odd+drop_last
+    procs.start("produce", name, "--samples", str(N), "--loader-batch", str(L), "--epochs", "2",
+                "--min-consumers", str(len(consumers)), "--workers", "2")
+    for b, drop in consumers.items():
+        flags = ["--batch-size", str(b), "--epochs", "2", "--check-values"]
+        procs.start("consume", name, *flags, *(["--drop-last"] if drop else []), out=f"c{b}.json")
+    procs.wait_all()
+    for b, drop in consumers.items():
+        r = procs.result(f"c{b}.json")
+        assert r["error"] is None, r["error"]
+        want = list(range(N // b * b)) if drop else list(range(N))
+        assert r["epochs"] == [want, want], f"B={b}"
+        assert r["sizes"] == [expected_sizes(N, b, drop)] * 2, f"B={b}"
+        assert r["len"] == (N // b if drop else math.ceil(N / b))
+        assert r["stats"]["views"] > 0
+    # Equal batch sizes never need a copy: every tensor is a view of the ring.
+    assert procs.result("c32.json")["stats"]["copies"] == 0
+    # Nothing left behind: no /dev/shm entries, no socket or lock files.
+    assert shm_entries() == shm_before
+    assert os.listdir(runtime_dir) == []
+
+
+def test_seeded_shuffle_gives_the_same_order_as_a_plain_training_loop(procs, name):
+    procs.start("produce", name, "--samples", "200", "--loader-batch", "16", "--epochs", "2",
+                "--shuffle", "--seed", "1234")
+    procs.start("consume", name, "--batch-size", "24", "--epochs", "2", out="c.json")
+    procs.wait_all()
+    r = procs.result("c.json")
+    loader = DataLoader(IdDataset(200), batch_size=16, shuffle=True,
+                        generator=torch.Generator().manual_seed(1234))
+    plain = [[i for _, ids in loader for i in ids.tolist()] for _ in range(2)]
+    assert r["epochs"] == plain
+    assert plain[0] != plain[1] and sorted(plain[0]) == list(range(200))
+
+
+@pytest.mark.parametrize("kind", ["dict", "namedtuple"])
+def test_structures_with_per_sample_lists_are_rebatched(procs, name, kind):
+    procs.start("produce", name, "--samples", "50", "--loader-batch", "8", "--kind", kind)
+    procs.start("consume", name, "--batch-size", "5", "--check-values", out="c.json")
+    procs.wait_all()
+    r = procs.result("c.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [list(range(50))]
+
+
+def test_loader_exception_reaches_consumers_with_its_message(procs, name):
+    p = procs.start("produce", name, "--samples", "100", "--loader-batch", "10", "--fail-at", "55")
+    procs.start("consume", name, "--batch-size", "10", out="c.json")
+    p.wait(60)
+    assert p.returncode != 0 and "corrupt sample 55" in p.stderr.read()
+    procs.procs.remove(p)
+    procs.wait_all()
+    r = procs.result("c.json")
+    assert r["error"].startswith("LoaderError")
+    assert "ValueError: corrupt sample 55" in r["error"]
+    assert r["epochs"] == []  # the epoch did not complete, so it was not reported as one
+
+
+def test_unsupported_leaf_is_a_type_error_naming_its_path(procs, name):
+    p = procs.start("produce", name, "--kind", "object")
+    procs.start("consume", name, out="c.json")
+    p.wait(60)
+    err = p.stderr.read()
+    assert "TypeError" in err and "builtins.object at batch[1][0]" in err, err
+    procs.procs.remove(p)
+    procs.wait_all()
+    assert "builtins.object at batch[1][0]" in procs.result("c.json")["error"]
+
+
+def test_mismatched_sample_shapes_are_a_clear_error_not_corruption(procs, name):
+    procs.start("produce", name, "--samples", "40", "--loader-batch", "8", "--bad-shape-at", "16")
+    procs.start("consume", name, "--batch-size", "12", "--check-values", out="c.json")
+    procs.wait_all()
+    r = procs.result("c.json")
+    assert r["error"].startswith("RebatchError"), r["error"]
+    assert "[3, 2, 2]" in r["error"] and "[3, 3, 3]" in r["error"]
+
+
+def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
+    p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--slots", "4")
+    c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01", out="c.json")
+    time.sleep(3)
+    p.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    c.wait(30)
+    assert time.monotonic() - killed < 4
+    r = procs.result("c.json")
+    assert r["error"].startswith("ProducerLost") and "exited or was killed" in r["error"]
+
+
+def test_killed_consumer_does_not_stall_the_others(procs, name):
+    procs.start("produce", name, "--samples", "3000", "--loader-batch", "10", "--slots", "4",
+                "--min-consumers", "2")
+    victim = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.5", out="v.json")
+    procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
+    time.sleep(3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    procs.procs.remove(victim)
+    procs.wait_all(timeout=60)
+    r = procs.result("c.json")
+    assert r["error"] is None
+    assert r["epochs"] == [list(range(3000))]
+
+
+def test_a_consumer_without_producer_fails_clearly_after_its_timeout(procs, name):
+    started = time.monotonic()
+    c = procs.start("consume", name, "--timeout", "1.5", out="c.json")
+    c.wait(30)
+    assert c.returncode != 0  # the constructor raised
+    assert time.monotonic() - started < 15
+    err = c.stderr.read()
+    assert "ProducerLost" in err and f"no batchcast producer named '{name}'" in err

@@ -1,0 +1,151 @@
+"""Producer and consumer processes for the tests, driven by command-line flags.
+
+    python workers.py produce NAME --samples 1003 --loader-batch 32 --epochs 2
+    python workers.py consume NAME --batch-size 48 --epochs 2 --out result.json
+
+Every sample i carries its id and values derived from it, so a consumer can
+check order, uniqueness and content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import batchcast as bc
+
+Sample = collections.namedtuple("Sample", ["image", "label", "meta"])
+
+
+def expected_image(i: int) -> torch.Tensor:
+    return (torch.arange(12, dtype=torch.float32).view(3, 2, 2) + i * 0.5)
+
+
+class IdDataset(Dataset):
+    """Sample i: (image derived from i, i, "file-i.jpg") in the chosen structure."""
+
+    def __init__(self, n: int, kind: str = "tuple", fail_at: int = -1, bad_shape_at: int = -1):
+        self.n, self.kind, self.fail_at, self.bad_shape_at = n, kind, fail_at, bad_shape_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise ValueError(f"corrupt sample {i}")
+        image = expected_image(i)
+        if self.bad_shape_at >= 0 and i >= self.bad_shape_at:
+            image = torch.zeros(3, 3, 3)
+        if self.kind == "tuple":
+            return image, i
+        if self.kind == "dict":
+            return {"image": image, "id": i, "path": f"file-{i}.jpg", "extra": {"w": float(i)}}
+        if self.kind == "namedtuple":
+            return Sample(image, i, {"path": f"file-{i}.jpg", "flag": i % 2 == 0})
+        if self.kind == "object":
+            return image, object()
+        raise ValueError(self.kind)
+
+
+def sample_ids(batch) -> list[int]:
+    if isinstance(batch, dict):
+        return batch["id"].tolist()
+    if isinstance(batch, Sample):
+        return batch.label.tolist()
+    return batch[1].tolist()
+
+
+def check_values(batch) -> None:
+    """Raises unless every sample's payload matches its id."""
+    ids = sample_ids(batch)
+    if isinstance(batch, dict):
+        image = batch["image"]
+        assert batch["path"] == [f"file-{i}.jpg" for i in ids], batch["path"]
+        assert batch["extra"]["w"].tolist() == [float(i) for i in ids]
+    elif isinstance(batch, Sample):
+        image = batch.image
+        assert batch.meta["path"] == [f"file-{i}.jpg" for i in ids]
+        assert batch.meta["flag"].tolist() == [i % 2 == 0 for i in ids]
+    else:
+        image = batch[0]
+    want = torch.stack([expected_image(i) for i in ids]) if ids else image
+    assert torch.equal(image, want), "payload differs from its sample id"
+
+
+def produce(args: argparse.Namespace) -> None:
+    ds = IdDataset(args.samples, args.kind, args.fail_at, args.bad_shape_at)
+    generator = torch.Generator().manual_seed(args.seed) if args.shuffle else None
+    collate = None
+    if args.kind == "object":  # default_collate refuses objects; pass them through as a list
+        def collate(samples):
+            return torch.stack([s[0] for s in samples]), [s[1] for s in samples]
+    loader = DataLoader(ds, batch_size=args.loader_batch, shuffle=args.shuffle,
+                        generator=generator, num_workers=args.workers, collate_fn=collate)
+    producer = bc.Producer(loader, args.name, epochs=args.epochs,
+                           min_consumers=args.min_consumers, slots=args.slots)
+    producer.run()
+    print(json.dumps(producer.stats()), flush=True)
+
+
+def consume(args: argparse.Namespace) -> None:
+    consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
+                           timeout=args.timeout)
+    result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid()}
+    try:
+        result["len"] = len(consumer)
+    except TypeError:
+        pass
+    try:
+        for _ in range(args.epochs):
+            ids, sizes = [], []
+            for batch in consumer:
+                if args.check_values:
+                    check_values(batch)
+                ids += sample_ids(batch)
+                sizes.append(len(sample_ids(batch)))
+                if args.sleep:
+                    time.sleep(args.sleep)
+            result["epochs"].append(ids)
+            result["sizes"].append(sizes)
+    except Exception as exc:  # reported to the test, which asserts on it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["stats"] = consumer.stats()
+    consumer.close()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["produce", "consume"])
+    parser.add_argument("name")
+    parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--loader-batch", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--kind", default="tuple")
+    parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--min-consumers", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--fail-at", type=int, default=-1)
+    parser.add_argument("--bad-shape-at", type=int, default=-1)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--drop-last", action="store_true")
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--check-values", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    produce(args) if args.role == "produce" else consume(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The Python API in one process (producer on a background thread): the
+rebatching property over random sizes, structures, lifecycle, errors, leaks."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import threading
+import time
+
+import pytest
+import torch
+from conftest import open_fds, shm_entries
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import batchcast as bc
+
+
+def id_batches(n: int, loader_batch: int):
+    """A loader (re-iterable) of (ids, ids*10 as float rows) batches."""
+
+    class Loader:
+        iters = 0
+
+        def __iter__(self):
+            Loader.iters += 1
+            for start in range(0, n, loader_batch):
+                ids = torch.arange(start, min(n, start + loader_batch))
+                yield ids, (ids * 10).double().view(-1, 1).repeat(1, 3)
+
+    return Loader()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    loader_batch=st.integers(1, 40),
+    batch_size=st.integers(1, 70),
+    n=st.integers(0, 300),
+    drop_last=st.booleans(),
+    slots=st.integers(2, 6),
+)
+def test_rebatching_is_exactly_once_for_any_sizes(loader_batch, batch_size, n, drop_last, slots):
+    name = f"prop-{loader_batch}-{batch_size}-{n}-{int(drop_last)}-{slots}"
+    with bc.Producer(id_batches(n, loader_batch), name, epochs=2, slots=slots,
+                     samples_per_epoch=n) as producer:
+        consumer = bc.Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=10)
+        want = list(range(n // batch_size * batch_size if drop_last else n))
+        expect_len = n // batch_size if drop_last else -(-n // batch_size)
+        assert len(consumer) == expect_len
+        for _ in range(2):
+            seen, sizes = [], []
+            for ids, rows in consumer:
+                assert torch.equal(rows, (ids * 10).double().view(-1, 1).repeat(1, 3))
+                seen += ids.tolist()
+                sizes.append(len(ids))
+            assert seen == want
+            assert len(sizes) == expect_len
+            assert all(s == batch_size for s in sizes[:-1])
+        consumer.close()
+    assert producer.error is None
+
+
+def test_nested_structures_scalars_and_lists_round_trip(runtime_dir):
+    Pair = collections.namedtuple("Pair", ["left", "right"])
+
+    def loader():
+        for k in range(3):
+            ids = torch.arange(4 * k, 4 * k + 4)
+            yield {
+                "x": ids.float(),
+                "pair": Pair(ids, [f"n{i}" for i in ids.tolist()]),
+                "nested": [(ids * 2, {"deep": ids.view(-1, 1, 1).to(torch.int16)})],
+                "scores": [float(i) / 2 for i in ids.tolist()],
+                "ok": tuple(i % 3 == 0 for i in ids.tolist()),
+                "step": 7,
+                "label": "train",
+                "none": None,
+                "scale": torch.tensor(0.5),
+            }
+
+    class Loader:
+        def __iter__(self):
+            return loader()
+
+    with bc.Producer(Loader(), "nested", epochs=1):
+        consumer = bc.Consumer("nested", batch_size=5)
+        batches = list(consumer)
+    assert [len(b["x"]) for b in batches] == [5, 5, 2]
+    b = batches[1]
+    ids = list(range(5, 10))
+    assert b["x"].tolist() == [float(i) for i in ids]
+    assert isinstance(b["pair"], tuple) and type(b["pair"]).__name__ == "Pair"
+    assert b["pair"].left.tolist() == ids and b["pair"].right == [f"n{i}" for i in ids]
+    assert b["nested"][0][0].tolist() == [2 * i for i in ids]
+    assert b["nested"][0][1]["deep"].dtype == torch.int16
+    assert b["nested"][0][1]["deep"].shape == (5, 1, 1)
+    assert b["scores"] == [i / 2 for i in ids]
+    assert b["ok"] == tuple(i % 3 == 0 for i in ids)
+    assert (b["step"], b["label"], b["none"]) == (7, "train", None)
+    assert b["scale"].item() == 0.5 and b["scale"].dim() == 0
+
+
+def test_tensors_stay_valid_after_the_consumer_and_producer_are_gone(runtime_dir):
+    producer = bc.Producer(id_batches(64, 8), "keep", epochs=1, slots=2).start()
+    consumer = bc.Consumer("keep", batch_size=8)
+    kept = [ids.clone() if i % 2 else ids for i, (ids, _) in enumerate(consumer) if i < 1]
+    consumer.close()
+    producer.stop()
+    gc.collect()
+    assert kept[0].tolist() == list(range(8))
+
+
+def test_batches_are_read_only_views_of_shared_memory(runtime_dir):
+    with bc.Producer(id_batches(32, 8), "views", epochs=1):
+        consumer = bc.Consumer("views", batch_size=16)
+        ids, rows = next(iter(consumer))
+        assert consumer.stats()["views"] == 2 and consumer.stats()["copies"] == 0
+        # Two loader batches back to back in the ring make one view, not a copy.
+        assert ids.data_ptr() + ids.numel() * 8 == ids[8:].data_ptr() + 8 * 8
+        del ids, rows
+        consumer.close()
+
+
+def test_producer_waits_for_its_first_consumer_before_loading(runtime_dir):
+    loader = id_batches(16, 4)
+    with bc.Producer(loader, "lazy", epochs=1) as producer:
+        time.sleep(0.5)
+        assert type(loader).iters == 0  # nothing loaded while nobody listens
+        consumer = bc.Consumer("lazy", batch_size=4)
+        assert [ids.tolist() for ids, _ in consumer][0] == [0, 1, 2, 3]
+        assert type(loader).iters == 1
+        consumer.close()
+    assert producer.stats()["batches_published"] == 4
+
+
+def test_epochs_none_serves_until_stopped_and_each_iter_is_an_epoch(runtime_dir):
+    producer = bc.Producer(id_batches(10, 3), "forever", epochs=None).start()
+    consumer = bc.Consumer("forever", batch_size=4)
+    for _ in range(5):
+        assert [ids.tolist() for ids, _ in consumer] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    producer.stop()
+    with pytest.raises(bc.ProducerLost):
+        for _ in range(10):
+            list(consumer)
+    consumer.close()
+
+
+def test_leaving_an_epoch_early_resumes_at_the_next_one(runtime_dir):
+    with bc.Producer(id_batches(20, 5), "early", epochs=3):
+        consumer = bc.Consumer("early", batch_size=5)
+        for ids, _ in consumer:
+            break  # leave epoch 0 after one batch
+        assert [ids.tolist()[0] for ids, _ in consumer] == [0, 5, 10, 15]  # epoch 1, whole
+        assert len(list(consumer)) == 4  # epoch 2
+        with pytest.warns(RuntimeWarning, match="finished serving"):
+            assert list(consumer) == []  # no epoch 3
+        consumer.close()
+
+
+def test_a_second_producer_with_the_same_name_is_refused(runtime_dir):
+    with bc.Producer(id_batches(4, 2), "taken", epochs=1):
+        with pytest.raises(bc.NameInUse, match="already running"):
+            bc.Producer(id_batches(4, 2), "taken")
+    # Free again once the first is gone.
+    bc.Producer(id_batches(4, 2), "taken").close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"name": "bad/name"}, "invalid producer name"),
+        ({"name": ""}, "invalid producer name"),
+        ({"name": "ok", "epochs": -1}, "epochs must be"),
+        ({"name": "ok", "device": "cuda:0"}, "host shared memory only"),
+        ({"name": "ok", "slots": 1}, "slots must be at least 2"),
+    ],
+)
+def test_bad_producer_arguments_are_clear_errors(runtime_dir, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bc.Producer(id_batches(4, 2), **kwargs)
+
+
+def test_bad_consumer_arguments_are_clear_errors(runtime_dir):
+    for bad in (0, -3, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            bc.Consumer("anything", batch_size=bad)
+
+
+def test_loader_errors_reach_a_background_producer_and_its_consumers(runtime_dir):
+    class Broken:
+        def __iter__(self):
+            yield torch.arange(4)
+            raise KeyError("missing shard 3")
+
+    producer = bc.Producer(Broken(), "broken", epochs=1).start()
+    consumer = bc.Consumer("broken", batch_size=2)
+    with pytest.raises(bc.LoaderError, match="KeyError: 'missing shard 3'"):
+        list(consumer)
+    consumer.close()
+    with pytest.raises(KeyError, match="missing shard 3"):
+        producer.stop()
+
+
+def test_fds_threads_and_shm_return_to_baseline(runtime_dir):
+    list(bc.Consumer.__mro__)  # warm imports before measuring
+    fds, threads, shm = open_fds(), threading.active_count(), shm_entries()
+    for round_ in range(3):
+        counts = []
+
+        def train(batch_size: int) -> None:
+            with bc.Consumer(f"leak{round_}", batch_size=batch_size) as c:
+                counts.extend(sum(len(ids) for ids, _ in c) for _ in range(2))
+
+        with bc.Producer(id_batches(100, 10), f"leak{round_}", epochs=2, min_consumers=3):
+            workers = [threading.Thread(target=train, args=(b,)) for b in (7, 10, 33)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(60)
+        assert counts == [100] * 6
+    gc.collect()
+    assert open_fds() == fds
+    assert threading.active_count() == threads
+    assert shm_entries() == shm
+    assert list(runtime_dir.iterdir()) == []

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what batchcast needs on a Debian machine (apt + pip) and builds it
+# into the current Python: the extension with pip, the C++ tests with CMake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+apt_packages="libzmq3-dev cppzmq-dev libgtest-dev pkg-config cmake g++ ninja-build"
+missing=""
+for p in $apt_packages; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "== apt-get install$missing"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+# torch: keep an installed one (the extension builds against it); otherwise
+# take the CPU release this project is tested with.
+if ! $PY -c "import torch" >/dev/null 2>&1; then
+  echo "== pip install torch==2.13.0"
+  $PY -m pip install -q "torch==2.13.0"
+fi
+$PY -m pip install -q "scikit-build-core>=0.10" ninja pytest hypothesis numpy
+
+echo "== building batchcast against torch $($PY -c 'import torch; print(torch.__version__)')"
+# --no-build-isolation: build against the torch installed here, never a downloaded one.
+$PY -m pip install -q --no-build-isolation \
+  -C build-dir=build/py -C cmake.define.BATCHCAST_BUILD_TESTS=ON .

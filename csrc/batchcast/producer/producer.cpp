@@ -90,8 +90,9 @@ void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
   wakeup_.notify();
 }
 
-void Producer::publish(const Batch& batch) {
+double Producer::publish(const Batch& batch) {
   auto start = Clock::now();
+  double waited = 0;
   std::vector<const at::Tensor*> tensors;
   std::vector<uint64_t> bytes, align;
   for (const Leaf& leaf : batch.leaves) {
@@ -121,7 +122,8 @@ void Producer::publish(const Batch& batch) {
       slot = lanes_->try_allocate(bytes, align);
       return slot.has_value();
     });
-    stats_.wait_seconds += seconds_since(wait_start);
+    waited = seconds_since(wait_start);
+    stats_.wait_seconds += waited;
     if (stopping_) throw Stopped("producer stopped");
   }
 
@@ -151,9 +153,10 @@ void Producer::publish(const Batch& batch) {
   epoch_samples_ += batch.samples;
   stats_.batches_published += 1;
   for (uint64_t b : bytes) stats_.bytes_published += static_cast<int64_t>(b);
-  stats_.publish_seconds += seconds_since(start);
+  stats_.publish_seconds += seconds_since(start) - waited;
   outbox_.push_back(Outgoing{Route::Batch, ann.epoch, ann.seq, protocol::encode(ann)});
   wakeup_.notify();
+  return waited;
 }
 
 void Producer::end_epoch() {

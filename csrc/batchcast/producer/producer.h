@@ -43,7 +43,7 @@ struct ConsumerInfo {
 struct ProducerStats {
   int64_t batches_published = 0;
   int64_t bytes_published = 0;
-  double publish_seconds = 0;     // copying into the ring
+  double publish_seconds = 0;     // copying into the ring and announcing
   double wait_seconds = 0;        // waiting for ring space (the slowest consumer)
   int64_t joins = 0;
   int64_t leaves = 0;             // said goodbye
@@ -68,8 +68,9 @@ class Producer {
 
   void begin_epoch(int64_t epoch);
   // Copies the batch into the ring (waiting for space) and announces it.
-  // Throws Stopped, InvalidArgument for unsharable batches.
-  void publish(const Batch& batch);
+  // Returns the seconds spent waiting for space. Throws Stopped,
+  // InvalidArgument for unsharable batches.
+  double publish(const Batch& batch);
   void end_epoch();
   // The loader raised: every consumer gets a LoaderError with this message.
   void fail(const std::string& message);

@@ -122,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
            [](Producer& p, const py::list& leaves, const std::string& layout, int64_t samples) {
              Batch batch{0, samples, layout, leaves_from_python(leaves)};
              py::gil_scoped_release release;
-             p.publish(batch);
+             return p.publish(batch);  // seconds spent waiting for ring space
            })
       .def("end_epoch", &Producer::end_epoch)
       .def("fail", &Producer::fail)

@@ -6,8 +6,19 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
 
+# The decoder fuzz target needs clang and its libFuzzer runtime.
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! dpkg -s clang libclang-rt-dev >/dev/null 2>&1; then
+  echo "== apt-get install clang libclang-rt-dev"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev >/dev/null
+fi
+
 echo "== C++ tests"
 ctest --test-dir build/py --output-on-failure
+echo "== Fuzzing the message decoder (${BATCHCAST_FUZZ_SECONDS:-30} s)"
+bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 echo "== Python tests"
-# Run from tests/ so that `import batchcast` is the installed package.
+# `import batchcast` is the package installed above (python/ is not on sys.path).
 $PY -m pytest -q -p no:cacheprovider tests/python "$@"

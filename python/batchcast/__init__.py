@@ -7,6 +7,7 @@
 from ._C import (
     PROTOCOL_VERSION,
     Error,
+    Evicted,
     LoaderError,
     NameInUse,
     ProducerLost,
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Consumer",
     "Error",
+    "Evicted",
     "LoaderError",
     "NameInUse",
     "PROTOCOL_VERSION",

@@ -44,6 +44,7 @@ class Producer:
         slots: int = 8,
         ring_bytes: int = 0,
         samples_per_epoch: int | None = None,
+        straggler_timeout: float | None = None,
         runtime_dir: str | None = None,
     ) -> None:
         if str(device) != "cpu":
@@ -63,8 +64,11 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
+        if straggler_timeout is not None and not straggler_timeout > 0:
+            raise ValueError(f"straggler_timeout must be None or > 0 seconds, not {straggler_timeout!r}")
         self._core = _C.Producer(
-            name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch)
+            name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch),
+            float(straggler_timeout or 0.0),
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

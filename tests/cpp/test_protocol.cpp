@@ -47,7 +47,7 @@ TEST(Protocol, AnnouncementRoundTrip) {
 
 TEST(Protocol, EveryKindRoundTrips) {
   std::vector<Message> all = {Hello{1234, 0},
-                              Welcome{77, 5, 1 << 20, 9, 2, 1003},
+                              Welcome{77, 5, 1 << 20, 9, 2, 1003, 8},
                               Refuse{"no"},
                               sample_announcement(),
                               EpochEnd{1, 1003, 32},
@@ -56,7 +56,8 @@ TEST(Protocol, EveryKindRoundTrips) {
                               Heartbeat{},
                               Release{{1, 2, 3}},
                               Bye{},
-                              RingReady{5, 8192}};
+                              RingReady{5, 8192},
+                              protocol::Evicted{"too slow"}};
   for (const auto& m : all) {
     auto bytes = encode(m);
     auto back = decode(bytes.data(), bytes.size());
@@ -66,7 +67,7 @@ TEST(Protocol, EveryKindRoundTrips) {
 }
 
 TEST(Protocol, EveryTruncationIsRejected) {
-  std::vector<Message> all = {Hello{1234, 0}, Welcome{77, 5, 1 << 20, 9, 2, 1003},
+  std::vector<Message> all = {Hello{1234, 0}, Welcome{77, 5, 1 << 20, 9, 2, 1003, 8},
                               sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3}};
   for (const auto& m : all) {
     auto bytes = encode(m);

@@ -129,6 +129,35 @@ TEST(Rebatcher, NonContiguousSpansAreCopied) {
   EXPECT_EQ(ring.sink->released.count(1), 1u);  // the copy holds nothing
 }
 
+TEST(Rebatcher, SpillingBoundsHeldSlotsAndKeepsEverySample) {
+  // B much larger than L with at most 1 pending slot: pending samples are
+  // copied out, so no more than 2 slots are ever held, and nothing is lost.
+  for (int64_t consumer : {5, 9, 30}) {
+    FakeRing ring;
+    Rebatcher r(consumer, false);
+    r.set_max_pending(1);
+    std::vector<int64_t> seen;
+    for (int i = 0; i < 20; ++i) {
+      r.push(ring.make(4));
+      ASSERT_LE(ring.seq - ring.sink->released.size(), 2u) << "B=" << consumer;
+      while (auto b = r.pop()) {
+        auto v = ids(*b);
+        auto names = std::get<Items>(b->leaves[1]).values;
+        for (std::size_t k = 0; k < v.size(); ++k) ASSERT_EQ(names[k], std::to_string(v[k]));
+        seen.insert(seen.end(), v.begin(), v.end());
+      }
+    }
+    if (auto rest = r.flush()) {
+      auto v = ids(*rest);
+      seen.insert(seen.end(), v.begin(), v.end());
+    }
+    std::vector<int64_t> want(80);
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(seen, want) << "B=" << consumer;
+    if (consumer > 8) EXPECT_GT(r.stats().spills, 0) << "B=" << consumer;  // needs 3+ batches
+  }
+}
+
 TEST(Rebatcher, MismatchedSampleShapesAreAClearError) {
   FakeRing ring;
   Rebatcher r(6, false);

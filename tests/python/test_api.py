@@ -7,6 +7,7 @@ import collections
 import gc
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -140,9 +141,15 @@ def test_epochs_none_serves_until_stopped_and_each_iter_is_an_epoch(runtime_dir)
     for _ in range(5):
         assert [ids.tolist() for ids, _ in consumer] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     producer.stop()
-    with pytest.raises(bc.ProducerLost):
-        for _ in range(10):
-            list(consumer)
+    # Stopped mid-epoch: ProducerLost. Stopped between epochs: the stream just ends.
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rest = [[ids.tolist() for ids, _ in consumer] for _ in range(10)]  # ring holds ~3
+        assert rest[-1] == [] and "finished serving" in str(caught[-1].message)
+        assert all(r in ([], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]) for r in rest)
+    except bc.ProducerLost as e:
+        assert "stopped before the end of epoch" in str(e)
     consumer.close()
 
 
@@ -203,7 +210,7 @@ def test_loader_errors_reach_a_background_producer_and_its_consumers(runtime_dir
 
 
 def test_fds_threads_and_shm_return_to_baseline(runtime_dir):
-    list(bc.Consumer.__mro__)  # warm imports before measuring
+    gc.collect()  # objects of earlier tests (kept by tracebacks) hold fds too
     fds, threads, shm = open_fds(), threading.active_count(), shm_entries()
     for round_ in range(3):
         counts = []

@@ -31,6 +31,13 @@ class ProducerLost : public Error {
   using Error::Error;
 };
 
+// The producer evicted this consumer: it held the oldest batch longer than the
+// producer's straggler_timeout while the producer waited for ring space.
+class Evicted : public Error {
+ public:
+  using Error::Error;
+};
+
 // The user's loader raised inside the producer; carries its message.
 class LoaderError : public Error {
  public:

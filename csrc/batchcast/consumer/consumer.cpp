@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <iterator>
@@ -71,7 +72,23 @@ class Channel : public ReleaseSink {
   // The next message for the caller. Throws ProducerLost when the producer is gone.
   protocol::Message wait_message() {
     std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return !inbox_.empty() || !lost_.empty(); });
+    auto ready = [&] { return !inbox_.empty() || !lost_.empty() || !evicted_.empty(); };
+    auto since = Clock::now();
+    while (!changed_.wait_for(lock, std::chrono::seconds(1), ready)) {
+      // Holding (nearly) the whole ring stalls the producer, and so this wait.
+      if (!warned_ && welcome_ && held_ >= welcome_->slots - 1 &&
+          Clock::now() - since > std::chrono::seconds(5)) {
+        warned_ = true;
+        std::fprintf(stderr,
+                     "batchcast: consumer of '%s' has waited 5 s for a batch while this process "
+                     "still references %lld batches of the producer's ring (it holds %lld); the "
+                     "producer cannot reuse them until they are freed. Keep .clone()s of batches "
+                     "you store, not the batches themselves.\n",
+                     name_.c_str(), static_cast<long long>(held_),
+                     static_cast<long long>(welcome_->slots));
+      }
+    }
+    if (!evicted_.empty()) throw Evicted(evicted_);
     if (!lost_.empty()) throw ProducerLost(lost_);
     protocol::Message m = std::move(inbox_.front());
     inbox_.pop_front();
@@ -183,6 +200,10 @@ class Channel : public ReleaseSink {
       if (welcome_) throw MalformedMessage("second welcome");
       if (w->ring_fd >= 0) region_.emplace(SharedRegion::open(w->producer_pid, w->ring_fd, w->ring_bytes));
       welcome_ = *w;
+    } else if (auto* e = std::get_if<protocol::Evicted>(&m)) {
+      if (!welcome_) throw MalformedMessage("eviction before welcome");
+      evicted_ = e->reason;
+      finished_ = true;  // no liveness checks any more: we are not a member
     } else if (auto* r = std::get_if<protocol::Refuse>(&m)) {
       refusal_ = r->reason.empty() ? "the producer refused this consumer" : r->reason;
     } else if (auto* ring = std::get_if<protocol::RingReady>(&m)) {
@@ -225,7 +246,9 @@ class Channel : public ReleaseSink {
   std::vector<uint64_t> releases_;
   std::string refusal_;
   std::string lost_;
+  std::string evicted_;
   bool closed_ = false;
+  bool warned_ = false;
   std::atomic<bool> finished_{false};
   int64_t dropped_ = 0;
   int64_t held_ = 0;
@@ -241,6 +264,9 @@ Consumer::Consumer(ConsumerOptions options)
   try {
     protocol::Welcome w = channel_->await_welcome(options_.timeout, endpoint);
     next_epoch_ = w.first_epoch;
+    // The ring has room for slots+1 loader batches; holding at most this many
+    // pending (plus the batch the caller holds) always leaves the producer one.
+    rebatcher_.set_max_pending(std::max<int64_t>(0, (w.slots - 2) / 2));
     samples_per_epoch_ = w.samples_per_epoch;
     id_ = w.consumer_id;
   } catch (...) {
@@ -288,7 +314,7 @@ std::optional<Batch> Consumer::next() {
       auto token = channel_->hold(a->seq, channel_);
       if (a->epoch != epoch_) continue;  // not ours: the token releases it at once
       mid_epoch_ = true;
-      rebatcher_.push(LoaderBatch{std::move(*a), channel_->ring_base(), std::move(token)});
+      rebatcher_.push(LoaderBatch{std::move(*a), channel_->ring_base(), std::move(token), {}});
     } else if (auto* end = std::get_if<protocol::EpochEnd>(&m)) {
       if (end->epoch != epoch_) continue;
       samples_per_epoch_ = end->samples;
@@ -327,6 +353,7 @@ ConsumerStats Consumer::stats() const {
   s.loader_batches = channel_->received();
   s.views = rebatcher_.stats().views;
   s.copies = rebatcher_.stats().copies;
+  s.spills = rebatcher_.stats().spills;
   s.slots_held = channel_->held();
   s.dropped_messages = channel_->dropped();
   return s;

@@ -28,7 +28,8 @@ struct ConsumerStats {
   int64_t samples = 0;
   int64_t loader_batches = 0;   // announcements received
   int64_t views = 0;            // tensors that are views of shared memory
-  int64_t copies = 0;           // tensors concatenated across a ring wrap
+  int64_t copies = 0;           // tensors concatenated across a ring wrap or a spill
+  int64_t spills = 0;           // times pending samples were copied out of the ring
   int64_t slots_held = 0;       // ring slots this process still references
   int64_t dropped_messages = 0; // malformed or unexpected messages ignored
 };

@@ -34,6 +34,42 @@ void Rebatcher::push(LoaderBatch batch) {
   if (batch.announcement.samples == 0) return;  // nothing to hand out; token releases now
   buffered_ += batch.announcement.samples;
   pending_.push_back(std::move(batch));
+  if (buffered_ < batch_size_) {
+    int64_t in_ring = 0;
+    for (const LoaderBatch& b : pending_) in_ring += b.owned.empty() ? 1 : 0;
+    if (in_ring > max_pending_) spill();
+  }
+}
+
+void Rebatcher::spill() {
+  for (std::size_t k = 0; k < pending_.size(); ++k) {
+    LoaderBatch& b = pending_[k];
+    if (!b.owned.empty()) continue;
+    const int64_t used = k == 0 ? front_used_ : 0;
+    const int64_t left = b.announcement.samples - used;
+    LoaderBatch copy;
+    copy.announcement = b.announcement;
+    copy.announcement.samples = left;
+    for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
+      if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
+        std::vector<int64_t> shape = t->shape;
+        uint64_t row = t->nbytes() / static_cast<uint64_t>(std::max<int64_t>(shape[0], 1));
+        shape[0] = left;
+        auto options = at::TensorOptions().dtype(from_wire(t->dtype));
+        auto* at_row = const_cast<std::byte*>(b.base + t->offset + static_cast<uint64_t>(used) * row);
+        copy.owned.push_back(at::from_blob(at_row, shape, options).clone());
+        std::get<protocol::TensorLeaf>(copy.announcement.leaves[j]).shape[0] = left;
+      } else {
+        auto& items = std::get<protocol::ListLeaf>(copy.announcement.leaves[j]).items;
+        items.erase(items.begin(), items.begin() + used);
+        copy.owned.emplace_back();  // placeholder keeps leaf indices aligned
+      }
+    }
+    if (copy.owned.empty()) copy.owned.emplace_back();  // a batch without leaves
+    b = std::move(copy);  // drops the token: the slot can be released
+    if (k == 0) front_used_ = 0;
+  }
+  stats_.spills += 1;
 }
 
 std::optional<Batch> Rebatcher::pop() {
@@ -84,11 +120,15 @@ Batch Rebatcher::take(int64_t n) {
       const uint64_t elem = protocol::element_size(t0->dtype);
       uint64_t row = elem;
       for (std::size_t d = 1; d < t0->shape.size(); ++d) row *= static_cast<uint64_t>(t0->shape[d]);
+      bool any_owned = false;
       auto start_of = [&](const Piece& p) {
         const auto& t = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]);
-        return const_cast<std::byte*>(p.batch->base + t.offset +
-                                      static_cast<uint64_t>(p.start) * row);
+        const std::byte* first_row = p.batch->owned.empty()
+                                         ? p.batch->base + t.offset
+                                         : static_cast<const std::byte*>(p.batch->owned[j].data_ptr());
+        return const_cast<std::byte*>(first_row + static_cast<uint64_t>(p.start) * row);
       };
+      for (const Piece& p : pieces) any_owned |= !p.batch->owned.empty();
       bool contiguous = true;
       const std::byte* expect = nullptr;
       for (const Piece& p : pieces) {
@@ -108,7 +148,10 @@ Batch Rebatcher::take(int64_t n) {
       }
       std::vector<int64_t> shape = t0->shape;
       auto options = at::TensorOptions().dtype(from_wire(t0->dtype));
-      if (contiguous) {
+      if (pieces.size() == 1 && any_owned) {  // spilled samples: a view of the private copy
+        out.leaves.emplace_back(
+            pieces[0].batch->owned[j].narrow(0, pieces[0].start, pieces[0].count));
+      } else if (contiguous && !any_owned) {
         // One view over every piece; it keeps each piece's slot until freed.
         std::vector<std::shared_ptr<ReleaseToken>> tokens;
         for (const Piece& p : pieces) tokens.push_back(p.batch->token);

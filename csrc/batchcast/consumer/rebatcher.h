@@ -37,21 +37,29 @@ class ReleaseToken {
   std::shared_ptr<ReleaseSink> sink_;
 };
 
-// One announced loader batch whose tensors live at `base` + leaf offsets.
+// One announced loader batch whose tensors live at `base` + leaf offsets in
+// the ring, or (after a spill) in private tensors `owned`, one per leaf.
 struct LoaderBatch {
   protocol::Announcement announcement;
   const std::byte* base = nullptr;
   std::shared_ptr<ReleaseToken> token;
+  std::vector<at::Tensor> owned;  // non-empty: private copy, holds no slot
 };
 
 struct RebatchStats {
   int64_t views = 0;   // tensors handed out as views of shared memory
   int64_t copies = 0;  // tensors that had to be concatenated
+  int64_t spills = 0;  // pending samples copied out to free ring slots
 };
 
 class Rebatcher {
  public:
   Rebatcher(int64_t batch_size, bool drop_last);
+
+  // At most this many ring slots stay pending while a batch is incomplete;
+  // beyond it the pending samples are copied out so that the producer, whose
+  // ring is finite, can always make progress whatever the batch sizes.
+  void set_max_pending(int64_t slots) { max_pending_ = slots; }
 
   void push(LoaderBatch batch);
   // A full batch, once `batch_size` samples are buffered.
@@ -65,12 +73,14 @@ class Rebatcher {
 
  private:
   Batch take(int64_t n);
+  void spill();
 
   int64_t batch_size_;
   bool drop_last_;
   std::deque<LoaderBatch> pending_;
   int64_t front_used_ = 0;  // samples of pending_.front() already handed out
   int64_t buffered_ = 0;
+  int64_t max_pending_ = 1 << 30;
   RebatchStats stats_;
 };
 

@@ -73,7 +73,8 @@ void Producer::begin_epoch(int64_t epoch) {
 void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
   uint64_t total = 0;
   for (uint64_t b : leaf_bytes) total += b;
-  const uint64_t slots = static_cast<uint64_t>(options_.slots);
+  // One batch more than asked: a lane's FIFO can waste up to a batch at its wrap.
+  const uint64_t slots = static_cast<uint64_t>(options_.slots) + 1;
   double scale = 1.0;
   if (total > 0 && options_.ring_bytes > total * slots) {
     scale = static_cast<double>(options_.ring_bytes) / static_cast<double>(total * slots);
@@ -117,11 +118,13 @@ double Producer::publish(const Batch& batch) {
     if (stopping_) throw Stopped("producer stopped");
     if (!lanes_) create_ring(bytes);
     auto wait_start = Clock::now();
+    waiting_for_space_ = true;
     changed_.wait(lock, [&] {
       if (stopping_) return true;
       slot = lanes_->try_allocate(bytes, align);
       return slot.has_value();
     });
+    waiting_for_space_ = false;
     waited = seconds_since(wait_start);
     stats_.wait_seconds += waited;
     if (stopping_) throw Stopped("producer stopped");
@@ -243,6 +246,7 @@ void Producer::serve() {
       if (Clock::now() - last_check >= kLivenessPeriod) {
         last_check = Clock::now();
         check_liveness();
+        evict_stragglers();
       }
     }
     changed_.notify_all();
@@ -290,6 +294,7 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     w.consumer_id = m.id;
     w.first_epoch = m.first_epoch;
     w.samples_per_epoch = options_.samples_per_epoch;
+    w.slots = options_.slots;
     send_to(peer, protocol::encode(w));
     return;
   }
@@ -314,6 +319,7 @@ void Producer::deliver(Outgoing& out) {
     case Route::Batch: {
       if (next_joinable_epoch_ <= out.epoch) next_joinable_epoch_ = out.epoch + 1;
       auto& who = holders_[out.seq];
+      announced_at_[out.seq] = Clock::now();
       for (auto& [peer, m] : members_) {
         if (m.first_epoch > out.epoch) continue;
         who.insert(peer);
@@ -322,6 +328,7 @@ void Producer::deliver(Outgoing& out) {
       }
       if (who.empty()) {
         holders_.erase(out.seq);
+        announced_at_.erase(out.seq);
         lanes_->release(out.seq);
       }
       break;
@@ -344,6 +351,7 @@ void Producer::drop_holder(uint64_t seq, const std::string& peer) {
   it->second.erase(peer);
   if (it->second.empty()) {
     holders_.erase(it);
+    announced_at_.erase(seq);
     lanes_->release(seq);
   }
 }
@@ -359,6 +367,27 @@ void Producer::remove_member(const std::string& peer, bool crashed) {
     stats_.crashes += 1;
   } else {
     stats_.leaves += 1;
+  }
+}
+
+void Producer::evict_stragglers() {
+  if (options_.straggler_timeout <= 0 || !waiting_for_space_ || holders_.empty()) return;
+  auto oldest = holders_.begin();
+  double held = std::chrono::duration<double>(Clock::now() - announced_at_[oldest->first]).count();
+  if (held < options_.straggler_timeout) return;
+  std::vector<std::string> slow(oldest->second.begin(), oldest->second.end());
+  for (const auto& peer : slow) {
+    auto m = members_.find(peer);
+    std::string reason = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
+                         std::to_string(m->second.pid) + "): it held a batch for " +
+                         std::to_string(static_cast<int>(held)) +
+                         " s while the others waited (straggler_timeout=" +
+                         std::to_string(options_.straggler_timeout) +
+                         " s); consume faster, .clone() batches you keep, or raise the timeout";
+    send_to(peer, protocol::encode(protocol::Evicted{reason}));
+    remove_member(peer, false);
+    stats_.leaves -= 1;
+    stats_.evictions += 1;
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -30,6 +31,8 @@ struct ProducerOptions {
   int64_t slots = 8;              // the ring holds this many batches the size of the first
   uint64_t ring_bytes = 0;        // lower bound on the ring's size
   int64_t samples_per_epoch = -1; // -1 unknown; learned after the first epoch
+  double straggler_timeout = 0;   // > 0: evict a consumer holding the oldest slot this
+                                  // long while the producer waits for ring space
 };
 
 struct ConsumerInfo {
@@ -48,6 +51,7 @@ struct ProducerStats {
   int64_t joins = 0;
   int64_t leaves = 0;             // said goodbye
   int64_t crashes = 0;            // vanished without goodbye
+  int64_t evictions = 0;          // stragglers removed (straggler_timeout)
   int64_t refused = 0;            // other protocol versions
   int64_t dropped_messages = 0;   // malformed or unexpected
   uint64_t ring_bytes = 0;
@@ -106,6 +110,7 @@ class Producer {
   void remove_member(const std::string& peer, bool crashed);
   void drop_holder(uint64_t seq, const std::string& peer);
   void check_liveness();
+  void evict_stragglers();
   void enqueue(Outgoing out);
   void create_ring(const std::vector<uint64_t>& leaf_bytes);
 
@@ -121,6 +126,8 @@ class Producer {
   std::condition_variable changed_;  // members, ring space, stop
   std::map<std::string, Member> members_;
   std::map<uint64_t, std::set<std::string>> holders_;
+  std::map<uint64_t, std::chrono::steady_clock::time_point> announced_at_;
+  bool waiting_for_space_ = false;
   std::deque<Outgoing> outbox_;
   std::optional<SharedRegion> region_;
   std::optional<LaneAllocator> lanes_;

@@ -162,6 +162,7 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<uint64_t>(m.consumer_id);
           w.put<int64_t>(m.first_epoch);
           w.put<int64_t>(m.samples_per_epoch);
+          w.put<int64_t>(m.slots);
         } else if constexpr (std::is_same_v<T, Refuse>) {
           w.text(m.reason);
         } else if constexpr (std::is_same_v<T, Announcement>) {
@@ -181,6 +182,8 @@ std::string encode(const Message& message, uint16_t version) {
           w.text(m.message);
         } else if constexpr (std::is_same_v<T, Finished>) {
           w.put<int64_t>(m.epochs);
+        } else if constexpr (std::is_same_v<T, Evicted>) {
+          w.text(m.reason);
         } else if constexpr (std::is_same_v<T, RingReady>) {
           w.put<int32_t>(m.ring_fd);
           w.put<uint64_t>(m.ring_bytes);
@@ -221,7 +224,8 @@ Message decode(const void* data, std::size_t size) {
       m.consumer_id = r.get<uint64_t>();
       m.first_epoch = r.get<int64_t>();
       m.samples_per_epoch = r.get<int64_t>();
-      if (m.producer_pid <= 0 || m.ring_fd < -1 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
+      m.slots = r.get<int64_t>();
+      if (m.slots < 2 || m.producer_pid <= 0 || m.ring_fd < -1 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
           (m.ring_fd >= 0) != (m.ring_bytes > 0)) {
         throw MalformedMessage("bad welcome");
       }
@@ -275,6 +279,9 @@ Message decode(const void* data, std::size_t size) {
     case Kind::Bye:
       out = Bye{};
       break;
+    case Kind::Evicted:
+      out = Evicted{r.text(kMaxText)};
+      break;
     case Kind::RingReady: {
       RingReady m;
       m.ring_fd = r.get<int32_t>();
@@ -294,7 +301,7 @@ const char* kind_name(const Message& message) {
   static constexpr const char* kNames[] = {"Hello",    "Welcome",      "Refuse",
                                            "Announcement", "EpochEnd", "LoaderFailed",
                                            "Finished", "Heartbeat",    "Release", "Bye",
-                                           "RingReady"};
+                                           "RingReady", "Evicted"};
   return kNames[message.index()];
 }
 

@@ -36,6 +36,7 @@ enum class Kind : uint16_t {
   Release = 9,
   Bye = 10,
   RingReady = 11,
+  Evicted = 12,
 };
 
 enum class DType : uint8_t {
@@ -73,6 +74,7 @@ struct Welcome {
   uint64_t consumer_id = 0;
   int64_t first_epoch = 0;
   int64_t samples_per_epoch = -1;  // -1: unknown until the first epoch ends
+  int64_t slots = 0;               // batches the ring is sized for
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.
@@ -138,8 +140,13 @@ struct RingReady {
   uint64_t ring_bytes = 0;
 };
 
+// Producer -> consumer: you were too slow and are no longer a member.
+struct Evicted {
+  std::string reason;
+};
+
 using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
-                             Finished, Heartbeat, Release, Bye, RingReady>;
+                             Finished, Heartbeat, Release, Bye, RingReady, Evicted>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {

@@ -63,6 +63,7 @@ py::dict producer_stats(const ProducerStats& s) {
   d["joins"] = s.joins;
   d["leaves"] = s.leaves;
   d["crashes"] = s.crashes;
+  d["evictions"] = s.evictions;
   d["refused"] = s.refused;
   d["dropped_messages"] = s.dropped_messages;
   d["ring_bytes"] = s.ring_bytes;
@@ -80,6 +81,7 @@ py::dict consumer_stats(const ConsumerStats& s) {
   d["loader_batches"] = s.loader_batches;
   d["views"] = s.views;
   d["copies"] = s.copies;
+  d["spills"] = s.spills;
   d["slots_held"] = s.slots_held;
   d["dropped_messages"] = s.dropped_messages;
   return d;
@@ -99,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<Refused>(m, "Refused", error.ptr());
   py::register_exception<RebatchError>(m, "RebatchError", error.ptr());
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
+  py::register_exception<Evicted>(m, "Evicted", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -109,12 +112,13 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Producer>(m, "Producer")
       .def(py::init([](const std::string& name, const std::string& runtime_dir, int64_t slots,
-                       uint64_t ring_bytes, int64_t samples_per_epoch) {
-             return std::make_unique<Producer>(
-                 ProducerOptions{name, runtime_dir, slots, ring_bytes, samples_per_epoch});
+                       uint64_t ring_bytes, int64_t samples_per_epoch, double straggler_timeout) {
+             return std::make_unique<Producer>(ProducerOptions{
+                 name, runtime_dir, slots, ring_bytes, samples_per_epoch, straggler_timeout});
            }),
            py::arg("name"), py::arg("runtime_dir") = "", py::arg("slots") = 8,
-           py::arg("ring_bytes") = 0, py::arg("samples_per_epoch") = -1)
+           py::arg("ring_bytes") = 0, py::arg("samples_per_epoch") = -1,
+           py::arg("straggler_timeout") = 0.0)
       .def("wait_for_consumers", &Producer::wait_for_consumers, py::arg("count"),
            py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("begin_epoch", &Producer::begin_epoch)

@@ -3,8 +3,10 @@ checking every sample id exactly once and in order, and the payload of each."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import random
 import signal
 import time
 
@@ -140,3 +142,44 @@ def test_a_consumer_without_producer_fails_clearly_after_its_timeout(procs, name
     assert time.monotonic() - started < 15
     err = c.stderr.read()
     assert "ProducerLost" in err and f"no batchcast producer named '{name}'" in err
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everything(
+        procs, name, seed):
+    rng = random.Random(seed)
+    p = procs.start("produce", name, "--samples", "2000", "--loader-batch", "10", "--slots", "3",
+                    "--min-consumers", "3", "--epochs", "2")
+    survivor = procs.start("consume", name, "--batch-size", "7", "--check-values",
+                           "--epochs", "2", out="s.json")
+    ready = [procs.tmp / f"ready{k}" for k in range(2)]
+    victims = [procs.start("consume", name, "--batch-size", str(rng.choice([3, 10, 25])),
+                           "--sleep", "0.02", "--ready", str(ready[k]), "--epochs", "2",
+                           out=f"v{k}.json") for k in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() for f in ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # One more joins mid-epoch and dies at a random point of its start-up or join.
+    victims.append(procs.start("consume", name, "--batch-size", "5", out="v2.json"))
+    for v in victims:  # waiting, mid-epoch, holding batches: whenever the seed says
+        time.sleep(rng.uniform(0.0, 1.0))
+        v.send_signal(signal.SIGKILL)
+        v.wait()
+        procs.procs.remove(v)
+    assert survivor.poll() is None, "the test is meant to kill while the survivor consumes"
+    procs.wait_all(timeout=90)
+    r = procs.result("s.json")
+    assert r["error"] is None and r["epochs"] == [list(range(2000))] * 2
+    stats = json.loads(p.stdout.read().strip().splitlines()[-1])
+    assert stats["crashes"] >= 2  # the two that had joined; the third may have died before
+    assert [c["pid"] for c in stats["consumers"]] in ([], [survivor.pid])  # the dead are gone
+
+
+def test_keeping_every_batch_warns_and_names_the_fix(procs, name):
+    procs.start("produce", name, "--samples", "1000", "--loader-batch", "10", "--slots", "3")
+    c = procs.start("consume", name, "--batch-size", "10", "--keep", out="c.json")
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline and "clone" not in line:
+        line = c.stderr.readline()
+    assert "still references" in line and ".clone()" in line, line

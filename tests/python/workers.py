@@ -90,14 +90,19 @@ def produce(args: argparse.Namespace) -> None:
                         generator=generator, num_workers=args.workers, collate_fn=collate)
     producer = bc.Producer(loader, args.name, epochs=args.epochs,
                            min_consumers=args.min_consumers, slots=args.slots)
-    producer.run()
-    print(json.dumps(producer.stats()), flush=True)
+    try:
+        producer.run()
+    finally:
+        print(json.dumps(producer.stats()), flush=True)
 
 
 def consume(args: argparse.Namespace) -> None:
     consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
                            timeout=args.timeout)
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid()}
+    kept = []  # --keep: a user who stores batches instead of clones of them
+    if args.ready:
+        open(args.ready, "w").close()  # joined
     try:
         result["len"] = len(consumer)
     except TypeError:
@@ -110,6 +115,8 @@ def consume(args: argparse.Namespace) -> None:
                     check_values(batch)
                 ids += sample_ids(batch)
                 sizes.append(len(sample_ids(batch)))
+                if args.keep:
+                    kept.append(batch)
                 if args.sleep:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
@@ -142,6 +149,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--check-values", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--ready", default="", help="file to create once joined")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     produce(args) if args.role == "produce" else consume(args)

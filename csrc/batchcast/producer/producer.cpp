@@ -14,7 +14,6 @@ namespace batchcast {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using protocol::Kind;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -305,7 +304,7 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
   if (const auto* release = std::get_if<protocol::Release>(&msg)) {
     for (uint64_t seq : release->seqs) drop_holder(seq, peer);
   } else if (std::holds_alternative<protocol::Bye>(msg)) {
-    remove_member(peer, false);
+    remove_member(peer, Departure::Left);
   } else {
     stats_.dropped_messages += 1;
   }
@@ -356,17 +355,17 @@ void Producer::drop_holder(uint64_t seq, const std::string& peer) {
   }
 }
 
-void Producer::remove_member(const std::string& peer, bool crashed) {
+void Producer::remove_member(const std::string& peer, Departure how) {
   std::vector<uint64_t> held;
   for (const auto& [seq, who] : holders_) {
     if (who.count(peer)) held.push_back(seq);
   }
   for (uint64_t seq : held) drop_holder(seq, peer);
   members_.erase(peer);
-  if (crashed) {
-    stats_.crashes += 1;
-  } else {
-    stats_.leaves += 1;
+  switch (how) {
+    case Departure::Left: stats_.leaves += 1; break;
+    case Departure::Crashed: stats_.crashes += 1; break;
+    case Departure::Evicted: stats_.evictions += 1; break;
   }
 }
 
@@ -385,9 +384,7 @@ void Producer::evict_stragglers() {
                          std::to_string(options_.straggler_timeout) +
                          " s); consume faster, .clone() batches you keep, or raise the timeout";
     send_to(peer, protocol::encode(protocol::Evicted{reason}));
-    remove_member(peer, false);
-    stats_.leaves -= 1;
-    stats_.evictions += 1;
+    remove_member(peer, Departure::Evicted);
   }
 }
 
@@ -396,7 +393,7 @@ void Producer::check_liveness() {
   for (const auto& [peer, m] : members_) {
     if (!process_alive(m.pid)) dead.push_back(peer);
   }
-  for (const auto& peer : dead) remove_member(peer, true);
+  for (const auto& peer : dead) remove_member(peer, Departure::Crashed);
 }
 
 }  // namespace batchcast

@@ -107,7 +107,8 @@ class Producer {
   void handle(const std::string& peer, const void* data, std::size_t size);
   void deliver(Outgoing& out);
   void send_to(const std::string& peer, const std::string& bytes);
-  void remove_member(const std::string& peer, bool crashed);
+  enum class Departure { Left, Crashed, Evicted };
+  void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
   void check_liveness();
   void evict_stragglers();

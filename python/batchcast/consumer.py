@@ -25,15 +25,18 @@ class Consumer:
         *,
         drop_last: bool = False,
         timeout: float = 30.0,
+        late_join: str = "next_epoch",
         runtime_dir: str | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if late_join not in ("next_epoch", "catch_up"):
+            raise ValueError(f"late_join must be 'next_epoch' or 'catch_up', not {late_join!r}")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self._core = _C.Consumer(name, batch_size, self.drop_last, float(timeout),
-                                 runtime_dir or "")
+                                 runtime_dir or "", late_join == "catch_up")
         self._stats: dict | None = None
 
     def __iter__(self) -> Iterator[Any]:

@@ -45,6 +45,7 @@ class Producer:
         ring_bytes: int = 0,
         samples_per_epoch: int | None = None,
         straggler_timeout: float | None = None,
+        catch_up_window: int | None = None,
         runtime_dir: str | None = None,
     ) -> None:
         if str(device) != "cpu":
@@ -69,6 +70,7 @@ class Producer:
         self._core = _C.Producer(
             name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch),
             float(straggler_timeout or 0.0),
+            -1 if catch_up_window is None else int(catch_up_window),
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -272,3 +272,59 @@ def test_a_straggler_is_evicted_with_a_clear_error_and_the_others_go_on(runtime_
 def test_straggler_timeout_must_be_positive(runtime_dir):
     with pytest.raises(ValueError, match="straggler_timeout"):
         bc.Producer(id_batches(4, 2), "x", straggler_timeout=0)
+
+
+def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runtime_dir, capfd):
+    gate = threading.Semaphore(0)
+
+    class GatedLoader:  # yields batch i only when the test lets it
+        def __iter__(self):
+            for i in range(10):
+                gate.acquire()
+                yield torch.arange(4 * i, 4 * i + 4)
+
+    def published(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while producer.stats()["batches_published"] < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # let the I/O thread announce them
+
+    results: dict[str, list] = {}
+
+    def train(key: str, consumer: bc.Consumer, epochs: int) -> None:
+        results[key] = [sum((x.tolist() for x in consumer), []) for _ in range(epochs)]
+        consumer.close()
+
+    producer = bc.Producer(GatedLoader(), "late", epochs=2, slots=8, catch_up_window=4).start()
+    threads = [threading.Thread(target=train, args=("first", bc.Consumer("late", batch_size=4), 2))]
+    threads[0].start()
+    gate.release(2)
+    published(2)
+    threads.append(threading.Thread(target=train, args=(
+        "catch_up", bc.Consumer("late", batch_size=3, late_join="catch_up"), 2)))
+    threads.append(threading.Thread(target=train, args=(
+        "next_epoch", bc.Consumer("late", batch_size=4), 1)))
+    threads[-2].start()
+    threads[-1].start()
+    gate.release(4)
+    published(6)  # past the window of 4
+    threads.append(threading.Thread(target=train, args=(
+        "too_late", bc.Consumer("late", batch_size=4, late_join="catch_up"), 1)))
+    threads[-1].start()
+    gate.release(100)
+    for t in threads:
+        t.join(30)
+    producer.stop()
+    every = list(range(40))
+    assert results["first"] == [every, every]
+    assert results["catch_up"] == [every, every]  # all of epoch 0, though it joined late
+    assert results["next_epoch"] == [every]       # epoch 1 only
+    assert results["too_late"] == [every]         # past the window: epoch 1 only...
+    assert "joined epoch 0 after its first 4 batches" in capfd.readouterr().err  # ...and says so
+
+
+def test_bad_late_join_is_a_clear_error(runtime_dir):
+    with pytest.raises(ValueError, match="late_join must be"):
+        bc.Consumer("x", batch_size=2, late_join="rubber")
+    with pytest.raises(ValueError, match="catch_up_window must be at most"):
+        bc.Producer(id_batches(4, 2), "x", slots=4, catch_up_window=3)

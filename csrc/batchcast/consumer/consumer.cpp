@@ -28,13 +28,13 @@ using Clock = std::chrono::steady_clock;
 // thread. Tensors keep it (and so the mapping) alive through their tokens.
 class Channel : public ReleaseSink {
  public:
-  Channel(std::string name, std::string endpoint)
+  Channel(std::string name, std::string endpoint, uint32_t flags)
       : name_(std::move(name)), context_(1), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 1000);
     dealer_.set(zmq::sockopt::sndhwm, 0);
     dealer_.set(zmq::sockopt::rcvhwm, 0);
     dealer_.connect(endpoint);
-    std::string hello = protocol::encode(protocol::Hello{::getpid(), 0});
+    std::string hello = protocol::encode(protocol::Hello{::getpid(), flags});
     dealer_.send(zmq::buffer(hello), zmq::send_flags::dontwait);
     io_ = std::thread([this] { serve(); });
   }
@@ -260,7 +260,8 @@ Consumer::Consumer(ConsumerOptions options)
   validate_name(options_.name);
   if (options_.timeout <= 0) throw InvalidArgument("timeout must be positive (seconds)");
   std::string endpoint = endpoint_for(runtime_dir(options_.runtime_dir), options_.name);
-  channel_ = std::make_shared<Channel>(options_.name, endpoint);
+  channel_ = std::make_shared<Channel>(options_.name, endpoint,
+                                       options_.catch_up ? protocol::Hello::kCatchUp : 0u);
   try {
     protocol::Welcome w = channel_->await_welcome(options_.timeout, endpoint);
     next_epoch_ = w.first_epoch;

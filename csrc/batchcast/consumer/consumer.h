@@ -18,6 +18,7 @@ struct ConsumerOptions {
   int64_t batch_size = 1;
   bool drop_last = false;
   double timeout = 30.0;    // seconds to wait for the producer to answer
+  bool catch_up = false;    // joining mid-epoch: that epoch from its start, if retained
   std::string runtime_dir;  // empty: the per-user default
 };
 

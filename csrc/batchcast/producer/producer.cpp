@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <iterator>
 
 #include <zmq_addon.hpp>
@@ -20,6 +21,8 @@ double seconds_since(Clock::time_point t) {
 }
 
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(200);
+// Holder id for slots kept for catch-up joins; ZeroMQ routing ids are never empty.
+const std::string kRetention;
 
 }  // namespace
 
@@ -27,6 +30,11 @@ Producer::Producer(ProducerOptions options)
     : options_(std::move(options)), context_(1), router_(context_, zmq::socket_type::router) {
   validate_name(options_.name);
   if (options_.slots < 2) throw InvalidArgument("slots must be at least 2");
+  if (options_.catch_up_window < 0) options_.catch_up_window = options_.slots / 2;
+  if (options_.catch_up_window > options_.slots / 2) {
+    throw InvalidArgument("catch_up_window must be at most slots / 2 (" +
+                          std::to_string(options_.slots / 2) + "); raise slots");
+  }
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
   lock_ = std::make_unique<NameLock>(dir_, options_.name);
@@ -284,6 +292,20 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
       return;
     }
     Member m{next_member_id_++, hello->pid, next_joinable_epoch_};
+    // Catch-up: join the current epoch from its start while all of its
+    // batches so far are retained; else fall back to the next epoch.
+    bool catch_up = (hello->flags & protocol::Hello::kCatchUp) != 0 && delivered_epoch_ >= 0;
+    if (catch_up && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
+      m.first_epoch = delivered_epoch_;
+    } else if (catch_up) {
+      std::fprintf(stderr,
+                   "batchcast: producer '%s': consumer pid %lld joined epoch %lld after its first "
+                   "%lld batches (catch_up_window); it starts at epoch %lld\n",
+                   options_.name.c_str(), static_cast<long long>(hello->pid),
+                   static_cast<long long>(delivered_epoch_),
+                   static_cast<long long>(options_.catch_up_window),
+                   static_cast<long long>(m.first_epoch));
+    }
     members_.emplace(peer, m);
     stats_.joins += 1;
     protocol::Welcome w;
@@ -295,6 +317,13 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     w.samples_per_epoch = options_.samples_per_epoch;
     w.slots = options_.slots;
     send_to(peer, protocol::encode(w));
+    if (m.first_epoch == delivered_epoch_) {
+      for (const auto& [seq, bytes] : retained_) {
+        holders_[seq].insert(peer);
+        members_[peer].batches_sent += 1;
+        send_to(peer, bytes);
+      }
+    }
     return;
   }
   if (member == members_.end()) {
@@ -317,7 +346,19 @@ void Producer::deliver(Outgoing& out) {
       break;
     case Route::Batch: {
       if (next_joinable_epoch_ <= out.epoch) next_joinable_epoch_ = out.epoch + 1;
+      if (out.epoch != delivered_epoch_) {
+        end_retention();
+        delivered_epoch_ = out.epoch;
+        delivered_in_epoch_ = 0;
+      }
+      delivered_in_epoch_ += 1;
       auto& who = holders_[out.seq];
+      if (delivered_in_epoch_ <= options_.catch_up_window) {
+        retained_.emplace_back(out.seq, out.bytes);
+        who.insert(kRetention);
+      } else {
+        end_retention();
+      }
       announced_at_[out.seq] = Clock::now();
       for (auto& [peer, m] : members_) {
         if (m.first_epoch > out.epoch) continue;
@@ -333,6 +374,9 @@ void Producer::deliver(Outgoing& out) {
       break;
     }
     case Route::EpochEnd:
+      end_retention();
+      delivered_epoch_ = -1;  // no epoch in progress: every newcomer gets the next
+      delivered_in_epoch_ = 0;
       next_joinable_epoch_ = std::max(next_joinable_epoch_, out.epoch + 1);
       for (auto& [peer, m] : members_) {
         if (m.first_epoch <= out.epoch) send_to(peer, out.bytes);
@@ -369,6 +413,12 @@ void Producer::remove_member(const std::string& peer, Departure how) {
   }
 }
 
+void Producer::end_retention() {
+  auto retained = std::move(retained_);
+  retained_.clear();
+  for (const auto& [seq, bytes] : retained) drop_holder(seq, kRetention);
+}
+
 void Producer::evict_stragglers() {
   if (options_.straggler_timeout <= 0 || !waiting_for_space_ || holders_.empty()) return;
   auto oldest = holders_.begin();
@@ -377,6 +427,7 @@ void Producer::evict_stragglers() {
   std::vector<std::string> slow(oldest->second.begin(), oldest->second.end());
   for (const auto& peer : slow) {
     auto m = members_.find(peer);
+    if (m == members_.end()) continue;  // the catch-up retention, not a consumer
     std::string reason = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
                          std::to_string(m->second.pid) + "): it held a batch for " +
                          std::to_string(static_cast<int>(held)) +

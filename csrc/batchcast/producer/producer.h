@@ -33,6 +33,8 @@ struct ProducerOptions {
   int64_t samples_per_epoch = -1; // -1 unknown; learned after the first epoch
   double straggler_timeout = 0;   // > 0: evict a consumer holding the oldest slot this
                                   // long while the producer waits for ring space
+  int64_t catch_up_window = -1;   // first batches of each epoch kept for catch-up
+                                  // joins; -1: slots / 2, 0: none
 };
 
 struct ConsumerInfo {
@@ -111,6 +113,7 @@ class Producer {
   void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
   void check_liveness();
+  void end_retention();
   void evict_stragglers();
   void enqueue(Outgoing out);
   void create_ring(const std::vector<uint64_t>& leaf_bytes);
@@ -129,6 +132,11 @@ class Producer {
   std::map<uint64_t, std::set<std::string>> holders_;
   std::map<uint64_t, std::chrono::steady_clock::time_point> announced_at_;
   bool waiting_for_space_ = false;
+  // The current epoch's first batches, kept for consumers that join late in
+  // catch-up mode: (seq, encoded announcement), while the epoch is within the window.
+  std::vector<std::pair<uint64_t, std::string>> retained_;
+  int64_t delivered_epoch_ = -1;  // epoch in progress, as delivered; -1 between epochs
+  int64_t delivered_in_epoch_ = 0;
   std::deque<Outgoing> outbox_;
   std::optional<SharedRegion> region_;
   std::optional<LaneAllocator> lanes_;

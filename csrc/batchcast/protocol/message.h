@@ -62,8 +62,9 @@ const char* dtype_name(DType dtype);
 
 // Consumer -> producer: join.
 struct Hello {
+  static constexpr uint32_t kCatchUp = 1;  // join the current epoch from its start
   int64_t pid = 0;
-  uint32_t flags = 0;  // reserved for join modes
+  uint32_t flags = 0;
 };
 
 // Producer -> consumer: accepted; where the ring is and which epoch is yours.

@@ -112,13 +112,15 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Producer>(m, "Producer")
       .def(py::init([](const std::string& name, const std::string& runtime_dir, int64_t slots,
-                       uint64_t ring_bytes, int64_t samples_per_epoch, double straggler_timeout) {
-             return std::make_unique<Producer>(ProducerOptions{
-                 name, runtime_dir, slots, ring_bytes, samples_per_epoch, straggler_timeout});
+                       uint64_t ring_bytes, int64_t samples_per_epoch, double straggler_timeout,
+                       int64_t catch_up_window) {
+             return std::make_unique<Producer>(ProducerOptions{name, runtime_dir, slots, ring_bytes,
+                                                               samples_per_epoch, straggler_timeout,
+                                                               catch_up_window});
            }),
            py::arg("name"), py::arg("runtime_dir") = "", py::arg("slots") = 8,
            py::arg("ring_bytes") = 0, py::arg("samples_per_epoch") = -1,
-           py::arg("straggler_timeout") = 0.0)
+           py::arg("straggler_timeout") = 0.0, py::arg("catch_up_window") = -1)
       .def("wait_for_consumers", &Producer::wait_for_consumers, py::arg("count"),
            py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("begin_epoch", &Producer::begin_epoch)
@@ -138,13 +140,13 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Consumer>(m, "Consumer")
       .def(py::init([](const std::string& name, int64_t batch_size, bool drop_last, double timeout,
-                       const std::string& runtime_dir) {
+                       const std::string& runtime_dir, bool catch_up) {
              py::gil_scoped_release release;
              return std::make_unique<Consumer>(
-                 ConsumerOptions{name, batch_size, drop_last, timeout, runtime_dir});
+                 ConsumerOptions{name, batch_size, drop_last, timeout, catch_up, runtime_dir});
            }),
            py::arg("name"), py::arg("batch_size"), py::arg("drop_last") = false,
-           py::arg("timeout") = 30.0, py::arg("runtime_dir") = "")
+           py::arg("timeout") = 30.0, py::arg("runtime_dir") = "", py::arg("catch_up") = false)
       .def("begin_epoch", &Consumer::begin_epoch, py::call_guard<py::gil_scoped_release>())
       .def("next",
            [](Consumer& c) -> py::object {

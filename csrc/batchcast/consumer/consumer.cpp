@@ -59,8 +59,9 @@ class Channel : public ReleaseSink {
   protocol::Welcome await_welcome(double timeout, const std::string& endpoint) {
     std::unique_lock<std::mutex> lock(mu_);
     bool answered = changed_.wait_for(lock, std::chrono::duration<double>(timeout),
-                                      [&] { return welcome_ || !refusal_.empty(); });
+                                      [&] { return welcome_ || !refusal_.empty() || !lost_.empty(); });
     if (!refusal_.empty()) throw Refused(refusal_);
+    if (!lost_.empty()) throw ProducerLost(lost_);
     if (!answered) {
       throw ProducerLost("no batchcast producer named '" + name_ + "' answered within " +
                          std::to_string(static_cast<int>(timeout)) + " s (at " + endpoint +

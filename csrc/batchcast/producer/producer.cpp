@@ -48,6 +48,16 @@ Producer::Producer(ProducerOptions options)
 
 Producer::~Producer() {
   stop();
+  {
+    // Whatever way this producer ends, its consumers hear of it: mid-epoch they
+    // raise ProducerLost instead of waiting on a live process forever.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) {
+      finished_ = true;
+      outbox_.push_back(Outgoing{Route::Everyone, -1, 0,
+                                 protocol::encode(protocol::Finished{epochs_done_})});
+    }
+  }
   quit_io_ = true;
   wakeup_.notify();
   if (io_.joinable()) io_.join();
@@ -187,6 +197,8 @@ void Producer::fail(const std::string& message) {
 
 void Producer::finish() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (finished_) return;
+  finished_ = true;
   outbox_.push_back(Outgoing{Route::Everyone, -1, 0, protocol::encode(protocol::Finished{epochs_done_})});
   wakeup_.notify();
   // Return once the I/O thread has handed everything to ZeroMQ.

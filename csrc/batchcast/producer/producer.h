@@ -148,6 +148,7 @@ class Producer {
   uint64_t next_member_id_ = 1;
   ProducerStats stats_;
   bool stopping_ = false;
+  bool finished_ = false;  // Finished was queued
   std::atomic<bool> quit_io_{false};
   std::thread io_;
 };

@@ -1,0 +1,100 @@
+// The C++ API alone (no Python): a producer and two consumers in one process,
+// over a real socket and ring, as a LibTorch training program would use them.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+
+#include "batchcast/common/error.h"
+#include "batchcast/consumer/consumer.h"
+#include "batchcast/producer/producer.h"
+
+using namespace batchcast;
+
+namespace {
+
+std::string private_dir() {
+  char tmpl[] = "/tmp/batchcast-test-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+Batch ids(int64_t start, int64_t n) {
+  Batch b;
+  b.samples = n;
+  b.layout = "ids";
+  b.leaves.emplace_back(at::arange(start, start + n, at::kLong));
+  Items names;
+  for (int64_t i = start; i < start + n; ++i) names.values.push_back("s" + std::to_string(i));
+  b.leaves.emplace_back(std::move(names));
+  return b;
+}
+
+}  // namespace
+
+TEST(EndToEnd, TwoConsumersGetEverySampleOnceOverTwoEpochs) {
+  const std::string dir = private_dir();
+  Producer producer(ProducerOptions{"e2e", dir, 4});
+  std::thread serve([&] {
+    ASSERT_TRUE(producer.wait_for_consumers(2, 30));
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      producer.begin_epoch(epoch);
+      for (int64_t start = 0; start < 103; start += 10) producer.publish(ids(start, std::min<int64_t>(10, 103 - start)));
+      producer.end_epoch();
+    }
+    producer.finish();
+  });
+  auto run = [&](int64_t batch_size, std::vector<std::vector<int64_t>>* seen) {
+    ConsumerOptions options;
+    options.name = "e2e";
+    options.batch_size = batch_size;
+    options.runtime_dir = dir;
+    Consumer consumer(options);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      EXPECT_EQ(consumer.begin_epoch(), epoch);
+      seen->emplace_back();
+      while (auto batch = consumer.next()) {
+        auto t = std::get<at::Tensor>(batch->leaves[0]);
+        const auto& names = std::get<Items>(batch->leaves[1]).values;
+        for (int64_t i = 0; i < t.size(0); ++i) {
+          seen->back().push_back(t[i].item<int64_t>());
+          EXPECT_EQ(names[static_cast<size_t>(i)], "s" + std::to_string(t[i].item<int64_t>()));
+        }
+      }
+    }
+    consumer.begin_epoch();
+    EXPECT_FALSE(consumer.next());  // no third epoch
+    EXPECT_TRUE(consumer.finished());
+  };
+  std::vector<std::vector<int64_t>> a, b;
+  std::thread ta(run, 7, &a), tb(run, 25, &b);
+  ta.join();
+  tb.join();
+  serve.join();
+  std::vector<int64_t> want(103);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(a, (std::vector<std::vector<int64_t>>{want, want}));
+  EXPECT_EQ(b, (std::vector<std::vector<int64_t>>{want, want}));
+}
+
+TEST(EndToEnd, NoProducerIsAClearErrorAfterTheTimeout) {
+  ConsumerOptions options;
+  options.name = "nobody";
+  options.timeout = 0.3;
+  options.runtime_dir = private_dir();
+  try {
+    Consumer consumer(options);
+    FAIL() << "connected to nothing";
+  } catch (const ProducerLost& e) {
+    EXPECT_NE(std::string(e.what()).find("no batchcast producer named 'nobody'"), std::string::npos);
+  }
+}
+
+TEST(EndToEnd, TwoProducersCannotShareAName) {
+  const std::string dir = private_dir();
+  Producer first(ProducerOptions{"same", dir});
+  EXPECT_THROW(Producer(ProducerOptions{"same", dir}), NameInUse);
+}

@@ -328,3 +328,40 @@ def test_bad_late_join_is_a_clear_error(runtime_dir):
         bc.Consumer("x", batch_size=2, late_join="rubber")
     with pytest.raises(ValueError, match="catch_up_window must be at most"):
         bc.Producer(id_batches(4, 2), "x", slots=4, catch_up_window=3)
+
+
+def test_garbage_on_the_producer_socket_is_dropped_and_counted(runtime_dir):
+    """A rogue local client sends random, truncated, oversized and other-version
+    messages; the producer drops and counts them, refuses the other version
+    clearly, and its real consumer never notices."""
+    import random
+    import struct
+
+    import zmq
+
+    rng = random.Random(7)
+    with bc.Producer(id_batches(100, 10), "rogue", epochs=1) as producer:
+        ctx = zmq.Context()
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.connect(f"ipc://{runtime_dir}/rogue.sock")
+        head = lambda version, kind: struct.pack("<IHH", 0x54534342, version, kind)  # noqa: E731
+        garbage = [bytes(rng.randrange(256) for _ in range(rng.randrange(64))) for _ in range(50)]
+        garbage += [head(1, 1)[:5], head(1, 1) + b"\x01", head(1, 9) + struct.pack("<I", 1 << 30),
+                    head(1, 4) + b"\xff" * 100, b"", head(1, 99)]
+        for g in garbage:
+            rogue.send(g)
+        rogue.send_multipart([b"two", b"frames"])
+        rogue.send(head(7, 1) + struct.pack("<qI", 1234, 0))  # a Hello of protocol version 7
+        assert rogue.poll(5000), "no refusal"
+        refusal = rogue.recv()
+        assert struct.unpack("<IHH", refusal[:8])[2] == 3  # Refuse
+        assert b"speaks batchcast protocol 1 but this consumer speaks 7" in refusal
+        consumer = bc.Consumer("rogue", batch_size=10)
+        assert sum((ids.tolist() for ids, _ in consumer), []) == list(range(100))
+        stats = producer.stats()
+        assert stats["refused"] == 1
+        assert stats["dropped_messages"] >= 50
+        assert stats["joins"] == 1
+        consumer.close()
+        rogue.close(0)
+        ctx.term()

@@ -107,10 +107,19 @@ def test_mismatched_sample_shapes_are_a_clear_error_not_corruption(procs, name):
     assert "[3, 2, 2]" in r["error"] and "[3, 3, 3]" in r["error"]
 
 
+def wait_for(path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+
+
 def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
     p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--slots", "4")
-    c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01", out="c.json")
-    time.sleep(3)
+    c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01",
+                    "--ready", str(procs.tmp / "ready"), out="c.json")
+    wait_for(procs.tmp / "ready")
+    time.sleep(1)
     p.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     c.wait(30)
@@ -122,9 +131,11 @@ def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
 def test_killed_consumer_does_not_stall_the_others(procs, name):
     procs.start("produce", name, "--samples", "3000", "--loader-batch", "10", "--slots", "4",
                 "--min-consumers", "2")
-    victim = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.5", out="v.json")
+    victim = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.5",
+                         "--ready", str(procs.tmp / "ready"), out="v.json")
     procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
-    time.sleep(3)
+    wait_for(procs.tmp / "ready")
+    time.sleep(2)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     procs.procs.remove(victim)
@@ -156,9 +167,8 @@ def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everyt
     victims = [procs.start("consume", name, "--batch-size", str(rng.choice([3, 10, 25])),
                            "--sleep", "0.02", "--ready", str(ready[k]), "--epochs", "2",
                            out=f"v{k}.json") for k in range(2)]
-    deadline = time.monotonic() + 60
-    while not all(f.exists() for f in ready) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for f in ready:
+        wait_for(f)
     # One more joins mid-epoch and dies at a random point of its start-up or join.
     victims.append(procs.start("consume", name, "--batch-size", "5", out="v2.json"))
     for v in victims:  # waiting, mid-epoch, holding batches: whenever the seed says
@@ -183,3 +193,19 @@ def test_keeping_every_batch_warns_and_names_the_fix(procs, name):
     while time.monotonic() < deadline and "clone" not in line:
         line = c.stderr.readline()
     assert "still references" in line and ".clone()" in line, line
+
+
+def test_writing_into_a_batch_in_place_crashes_with_an_explanation_and_corrupts_nothing(
+        procs, name):
+    procs.start("produce", name, "--samples", "200", "--loader-batch", "10",
+                "--min-consumers", "2")
+    bad = procs.start("consume", name, "--batch-size", "10", "--write-in-place", out="b.json")
+    procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
+    bad.wait(60)
+    assert bad.returncode == -signal.SIGSEGV
+    err = bad.stderr.read()
+    assert "batchcast: a batch tensor was written in place" in err and "clone()" in err
+    procs.procs.remove(bad)
+    procs.wait_all()
+    r = procs.result("c.json")
+    assert r["error"] is None and r["epochs"] == [list(range(200))]  # values checked too

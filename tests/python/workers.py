@@ -117,6 +117,8 @@ def consume(args: argparse.Namespace) -> None:
                 sizes.append(len(sample_ids(batch)))
                 if args.keep:
                     kept.append(batch)
+                if args.write_in_place:
+                    batch[0].mul_(2)  # a bug: batches are shared and read-only
                 if args.sleep:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
@@ -150,6 +152,7 @@ def main() -> None:
     parser.add_argument("--check-values", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--write-in-place", action="store_true")
     parser.add_argument("--ready", default="", help="file to create once joined")
     parser.add_argument("--out", default="")
     args = parser.parse_args()

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "batchcast/common/error.h"
+#include "batchcast/common/write_guard.h"
 
 namespace batchcast {
 
@@ -19,7 +20,16 @@ void Fd::reset() {
   }
 }
 
+void Mapping::guard_writes() {
+  guard_readonly_range(data_, size_);
+  guarded_ = true;
+}
+
 void Mapping::reset() {
+  if (guarded_) {
+    unguard_readonly_range(data_);
+    guarded_ = false;
+  }
   if (data_ != nullptr) {
     ::munmap(data_, size_);
     data_ = nullptr;

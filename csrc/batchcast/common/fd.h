@@ -39,16 +39,22 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   Mapping(Mapping&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        guarded_(std::exchange(other.guarded_, false)) {}
   Mapping& operator=(Mapping&& other) noexcept {
     if (this != &other) {
       reset();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      guarded_ = std::exchange(other.guarded_, false);
     }
     return *this;
   }
   ~Mapping() { reset(); }
+
+  // A read-only mapping whose write faults are explained (common/write_guard.h).
+  void guard_writes();
 
   std::byte* data() const { return static_cast<std::byte*>(data_); }
   std::size_t size() const { return size_; }
@@ -57,6 +63,7 @@ class Mapping {
  private:
   void* data_ = nullptr;
   std::size_t size_ = 0;
+  bool guarded_ = false;
 };
 
 }  // namespace batchcast

@@ -43,6 +43,7 @@ SharedRegion SharedRegion::open(long producer_pid, int fd, std::size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, r.fd_.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of the producer's ring", errno);
   r.mapping_ = Mapping(p, bytes);
+  r.mapping_.guard_writes();
   r.fd_.reset();  // the mapping keeps the memory alive
   return r;
 }

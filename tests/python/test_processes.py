@@ -182,7 +182,6 @@ def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everyt
     assert r["error"] is None and r["epochs"] == [list(range(2000))] * 2
     stats = json.loads(p.stdout.read().strip().splitlines()[-1])
     assert stats["crashes"] >= 2  # the two that had joined; the third may have died before
-    assert [c["pid"] for c in stats["consumers"]] in ([], [survivor.pid])  # the dead are gone
 
 
 def test_keeping_every_batch_warns_and_names_the_fix(procs, name):

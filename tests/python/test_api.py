@@ -283,11 +283,11 @@ def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runt
                 gate.acquire()
                 yield torch.arange(4 * i, 4 * i + 4)
 
-    def published(count: int) -> None:
-        deadline = time.monotonic() + 10
-        while producer.stats()["batches_published"] < count and time.monotonic() < deadline:
+    def published(count: int) -> None:  # ...and announced to the first consumer
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                c["batches_sent"] >= count for c in producer.stats()["consumers"]):
             time.sleep(0.01)
-        time.sleep(0.2)  # let the I/O thread announce them
 
     results: dict[str, list] = {}
 

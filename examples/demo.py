@@ -29,12 +29,16 @@ def produce(name: str, samples: int, epochs: int, consumers: int) -> None:
     producer.run()
 
 
-def train(name: str, batch_size: int, epochs: int, samples: int, results) -> None:
+def train(name: str | None, batch_size: int, epochs: int, samples: int, results) -> None:
+    """One training process; name=None trains from its own DataLoader instead."""
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                           nn.Flatten(), nn.Linear(8, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = bc.Consumer(name, batch_size=batch_size)  # was: DataLoader(...)
+    if name is None:
+        loader = DataLoader(SyntheticImages(samples), batch_size=batch_size, num_workers=1)
+    else:
+        loader = bc.Consumer(name, batch_size=batch_size)  # was: DataLoader(...)
     started = time.perf_counter()
     seen_all = True
     for _epoch in range(epochs):
@@ -47,6 +51,9 @@ def train(name: str, batch_size: int, epochs: int, samples: int, results) -> Non
             seen += index.tolist()
         seen_all &= seen == list(range(samples))
     elapsed = time.perf_counter() - started
+    if name is None:
+        results.put((batch_size, len(loader) * epochs, elapsed, seen_all, 0, 0, loss.item()))
+        return
     stats = loader.stats()
     loader.close()
     results.put((batch_size, stats["batches"], elapsed, seen_all,
@@ -58,42 +65,60 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3072)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 100])
+    parser.add_argument("--no-compare", action="store_true",
+                        help="skip the run where each trainer has its own DataLoader")
     args = parser.parse_args()
     os.environ.setdefault("BATCHCAST_RUNTIME_DIR", tempfile.mkdtemp(prefix="batchcast-demo-"))
 
     name = f"demo-{os.getpid()}"
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    producer = ctx.Process(target=produce,
-                           args=(name, args.samples, args.epochs, len(args.batch_sizes)))
-    trainers = [ctx.Process(target=train, args=(name, b, args.epochs, args.samples, results))
-                for b in args.batch_sizes]
     print(f"producer '{name}': {args.samples} synthetic 64x64 images per epoch, loader batch 64, "
           f"{args.epochs} epochs; consumers with batch sizes {args.batch_sizes}")
-    producer.start()
-    for t in trainers:
-        t.start()
-    rows = []
-    while len(rows) < len(trainers):
-        try:
-            rows.append(results.get(timeout=1))
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in [producer, *trainers]):
-                for p in [producer, *trainers]:
-                    p.kill()
-                raise SystemExit("demo failed: a process exited with an error (see above)")
-    for p in [producer, *trainers]:
-        p.join(60)
+    producer = ctx.Process(target=produce,
+                           args=(name, args.samples, args.epochs, len(args.batch_sizes)))
+    rows = run(ctx, [producer], name, args)
     print(f"\n{'batch size':>10} {'batches':>8} {'seconds':>8} {'samples/s':>10} "
           f"{'exactly once':>12} {'views':>6} {'copies':>6} {'last loss':>9}")
     for b, batches, elapsed, ok, views, copies, loss in sorted(rows):
         rate = args.samples * args.epochs / elapsed
         print(f"{b:>10} {batches:>8} {elapsed:>8.2f} {rate:>10.0f} {str(ok):>12} "
               f"{views:>6} {copies:>6} {loss:>9.3f}")
-    failed = [p for p in [producer, *trainers] if p.exitcode != 0] or not all(r[3] for r in rows)
-    if failed:
-        raise SystemExit("demo failed: a process exited with an error or missed samples")
+    if not all(r[3] for r in rows):
+        raise SystemExit("demo failed: a consumer missed or repeated samples")
     print("\nEvery consumer saw every sample exactly once per epoch; the pipeline ran once.")
+    if args.no_compare:
+        return
+    print("\nThe same trainers, each with its own DataLoader (1 worker each, as above):")
+    alone = run(ctx, [], None, args)
+    total = lambda rs: sum(args.samples * args.epochs / r[2] for r in rs)  # noqa: E731
+    for b, _, elapsed, *_ in sorted(alone):
+        print(f"{b:>10} {'':>8} {elapsed:>8.2f} {args.samples * args.epochs / elapsed:>10.0f}")
+    print(f"\naggregate samples/s: batchcast {total(rows):.0f}, own loaders {total(alone):.0f} "
+          f"({total(rows) / total(alone):.1f}x)")
+
+
+def run(ctx, helpers: list, name: str | None, args) -> list:
+    """Runs one trainer per batch size (plus helpers); returns their result rows."""
+    results = ctx.Queue()
+    trainers = [ctx.Process(target=train, args=(name, b, args.epochs, args.samples, results))
+                for b in args.batch_sizes]
+    everyone = [*helpers, *trainers]
+    for p in everyone:
+        p.start()
+    rows = []
+    while len(rows) < len(trainers):
+        try:
+            rows.append(results.get(timeout=1))
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in everyone):
+                for p in everyone:
+                    p.kill()
+                raise SystemExit("demo failed: a process exited with an error (see above)")
+    for p in everyone:
+        p.join(60)
+    if any(p.exitcode != 0 for p in everyone):
+        raise SystemExit("demo failed: a process exited with an error (see above)")
+    return rows
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "batchcast/common/error.h"
@@ -17,10 +18,15 @@ using namespace batchcast;
 
 namespace {
 
-std::string private_dir() {
-  char tmpl[] = "/tmp/batchcast-test-XXXXXX";
-  return ::mkdtemp(tmpl);
-}
+// A private runtime directory, removed at the end (producers leave it empty).
+struct PrivateDir {
+  std::string path;
+  PrivateDir() {
+    char tmpl[] = "/tmp/batchcast-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~PrivateDir() { EXPECT_EQ(::rmdir(path.c_str()), 0) << path << " is not empty"; }
+};
 
 Batch ids(int64_t start, int64_t n) {
   Batch b;
@@ -36,8 +42,11 @@ Batch ids(int64_t start, int64_t n) {
 }  // namespace
 
 TEST(EndToEnd, TwoConsumersGetEverySampleOnceOverTwoEpochs) {
-  const std::string dir = private_dir();
-  Producer producer(ProducerOptions{"e2e", dir, 4});
+  PrivateDir scratch;
+  const std::string& dir = scratch.path;
+  std::optional<Producer> producer_holder;
+  producer_holder.emplace(ProducerOptions{"e2e", dir, 4});
+  Producer& producer = *producer_holder;
   std::thread serve([&] {
     ASSERT_TRUE(producer.wait_for_consumers(2, 30));
     for (int64_t epoch = 0; epoch < 2; ++epoch) {
@@ -74,6 +83,7 @@ TEST(EndToEnd, TwoConsumersGetEverySampleOnceOverTwoEpochs) {
   ta.join();
   tb.join();
   serve.join();
+  producer_holder.reset();  // removes its socket and lock files
   std::vector<int64_t> want(103);
   std::iota(want.begin(), want.end(), 0);
   EXPECT_EQ(a, (std::vector<std::vector<int64_t>>{want, want}));
@@ -84,7 +94,8 @@ TEST(EndToEnd, NoProducerIsAClearErrorAfterTheTimeout) {
   ConsumerOptions options;
   options.name = "nobody";
   options.timeout = 0.3;
-  options.runtime_dir = private_dir();
+  PrivateDir scratch;
+  options.runtime_dir = scratch.path;
   try {
     Consumer consumer(options);
     FAIL() << "connected to nothing";
@@ -94,7 +105,10 @@ TEST(EndToEnd, NoProducerIsAClearErrorAfterTheTimeout) {
 }
 
 TEST(EndToEnd, TwoProducersCannotShareAName) {
-  const std::string dir = private_dir();
-  Producer first(ProducerOptions{"same", dir});
-  EXPECT_THROW(Producer(ProducerOptions{"same", dir}), NameInUse);
+  PrivateDir scratch;
+  {
+    Producer first(ProducerOptions{"same", scratch.path});
+    EXPECT_THROW(Producer(ProducerOptions{"same", scratch.path}), NameInUse);
+  }
+  Producer again(ProducerOptions{"same", scratch.path});  // free once the first is gone
 }

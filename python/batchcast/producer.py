@@ -18,8 +18,6 @@ def _samples_per_epoch(loader: Any) -> int:
             n = len(batch_sampler.sampler)
             size = batch_sampler.batch_size
             return n // size * size if batch_sampler.drop_last else n
-        if getattr(loader, "batch_size", 0) is None and hasattr(loader, "sampler"):
-            return -1  # no automatic batching: samples per batch unknown
     except (AttributeError, TypeError, NotImplementedError):
         pass
     return -1

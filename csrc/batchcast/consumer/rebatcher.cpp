@@ -36,7 +36,7 @@ void Rebatcher::push(LoaderBatch batch) {
   pending_.push_back(std::move(batch));
   if (buffered_ < batch_size_) {
     int64_t in_ring = 0;
-    for (const LoaderBatch& b : pending_) in_ring += b.owned.empty() ? 1 : 0;
+    for (const LoaderBatch& b : pending_) in_ring += b.spilled() ? 0 : 1;
     if (in_ring > max_pending_) spill();
   }
 }
@@ -44,7 +44,7 @@ void Rebatcher::push(LoaderBatch batch) {
 void Rebatcher::spill() {
   for (std::size_t k = 0; k < pending_.size(); ++k) {
     LoaderBatch& b = pending_[k];
-    if (!b.owned.empty()) continue;
+    if (b.spilled()) continue;
     const int64_t used = k == 0 ? front_used_ : 0;
     const int64_t left = b.announcement.samples - used;
     LoaderBatch copy;
@@ -62,11 +62,10 @@ void Rebatcher::spill() {
       } else {
         auto& items = std::get<protocol::ListLeaf>(copy.announcement.leaves[j]).items;
         items.erase(items.begin(), items.begin() + used);
-        copy.owned.emplace_back();  // placeholder keeps leaf indices aligned
+        copy.owned.emplace_back();  // keeps leaf indices aligned
       }
     }
-    if (copy.owned.empty()) copy.owned.emplace_back();  // a batch without leaves
-    b = std::move(copy);  // drops the token: the slot can be released
+    b = std::move(copy);  // without the token: the slot can be released
     if (k == 0) front_used_ = 0;
   }
   stats_.spills += 1;
@@ -120,15 +119,15 @@ Batch Rebatcher::take(int64_t n) {
       const uint64_t elem = protocol::element_size(t0->dtype);
       uint64_t row = elem;
       for (std::size_t d = 1; d < t0->shape.size(); ++d) row *= static_cast<uint64_t>(t0->shape[d]);
-      bool any_owned = false;
+      bool any_spilled = false;
       auto start_of = [&](const Piece& p) {
         const auto& t = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]);
-        const std::byte* first_row = p.batch->owned.empty()
-                                         ? p.batch->base + t.offset
-                                         : static_cast<const std::byte*>(p.batch->owned[j].data_ptr());
+        const std::byte* first_row =
+            p.batch->spilled() ? static_cast<const std::byte*>(p.batch->owned[j].data_ptr())
+                               : p.batch->base + t.offset;
         return const_cast<std::byte*>(first_row + static_cast<uint64_t>(p.start) * row);
       };
-      for (const Piece& p : pieces) any_owned |= !p.batch->owned.empty();
+      for (const Piece& p : pieces) any_spilled |= p.batch->spilled();
       bool contiguous = true;
       const std::byte* expect = nullptr;
       for (const Piece& p : pieces) {
@@ -148,10 +147,10 @@ Batch Rebatcher::take(int64_t n) {
       }
       std::vector<int64_t> shape = t0->shape;
       auto options = at::TensorOptions().dtype(from_wire(t0->dtype));
-      if (pieces.size() == 1 && any_owned) {  // spilled samples: a view of the private copy
+      if (pieces.size() == 1 && any_spilled) {  // spilled samples: a view of the private copy
         out.leaves.emplace_back(
             pieces[0].batch->owned[j].narrow(0, pieces[0].start, pieces[0].count));
-      } else if (contiguous && !any_owned) {
+      } else if (contiguous && !any_spilled) {
         // One view over every piece; it keeps each piece's slot until freed.
         std::vector<std::shared_ptr<ReleaseToken>> tokens;
         for (const Piece& p : pieces) tokens.push_back(p.batch->token);

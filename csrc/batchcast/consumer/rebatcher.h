@@ -38,12 +38,14 @@ class ReleaseToken {
 };
 
 // One announced loader batch whose tensors live at `base` + leaf offsets in
-// the ring, or (after a spill) in private tensors `owned`, one per leaf.
+// the ring, or, once spilled (no token: it holds no slot), in private
+// tensors `owned`, indexed by leaf (undefined for list leaves).
 struct LoaderBatch {
   protocol::Announcement announcement;
   const std::byte* base = nullptr;
   std::shared_ptr<ReleaseToken> token;
-  std::vector<at::Tensor> owned;  // non-empty: private copy, holds no slot
+  std::vector<at::Tensor> owned;
+  bool spilled() const { return token == nullptr; }
 };
 
 struct RebatchStats {

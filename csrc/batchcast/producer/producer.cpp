@@ -231,7 +231,7 @@ ProducerStats Producer::stats() const {
   s.slots_in_use = lanes_ ? static_cast<int64_t>(lanes_->in_flight_seqs().size()) : 0;
   for (const auto& [peer, m] : members_) {
     ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, m.batches_sent};
-    for (const auto& [seq, who] : holders_) info.slots_held += static_cast<int64_t>(who.count(peer));
+    for (const auto& [seq, hold] : held_) info.slots_held += static_cast<int64_t>(hold.holders.count(peer));
     s.consumers.push_back(info);
   }
   return s;
@@ -331,7 +331,7 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     send_to(peer, protocol::encode(w));
     if (m.first_epoch == delivered_epoch_) {
       for (const auto& [seq, bytes] : retained_) {
-        holders_[seq].insert(peer);
+        held_[seq].holders.insert(peer);
         members_[peer].batches_sent += 1;
         send_to(peer, bytes);
       }
@@ -364,25 +364,19 @@ void Producer::deliver(Outgoing& out) {
         delivered_in_epoch_ = 0;
       }
       delivered_in_epoch_ += 1;
-      auto& who = holders_[out.seq];
+      if (delivered_in_epoch_ > options_.catch_up_window) end_retention();
+      auto slot = held_.emplace(out.seq, SlotHold{{}, Clock::now()}).first;
       if (delivered_in_epoch_ <= options_.catch_up_window) {
         retained_.emplace_back(out.seq, out.bytes);
-        who.insert(kRetention);
-      } else {
-        end_retention();
+        slot->second.holders.insert(kRetention);
       }
-      announced_at_[out.seq] = Clock::now();
       for (auto& [peer, m] : members_) {
         if (m.first_epoch > out.epoch) continue;
-        who.insert(peer);
+        slot->second.holders.insert(peer);
         m.batches_sent += 1;
         send_to(peer, out.bytes);
       }
-      if (who.empty()) {
-        holders_.erase(out.seq);
-        announced_at_.erase(out.seq);
-        lanes_->release(out.seq);
-      }
+      free_if_unheld(slot);
       break;
     }
     case Route::EpochEnd:
@@ -401,20 +395,22 @@ void Producer::deliver(Outgoing& out) {
 }
 
 void Producer::drop_holder(uint64_t seq, const std::string& peer) {
-  auto it = holders_.find(seq);
-  if (it == holders_.end()) return;
-  it->second.erase(peer);
-  if (it->second.empty()) {
-    holders_.erase(it);
-    announced_at_.erase(seq);
-    lanes_->release(seq);
-  }
+  auto slot = held_.find(seq);
+  if (slot == held_.end()) return;
+  slot->second.holders.erase(peer);
+  free_if_unheld(slot);
+}
+
+void Producer::free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot) {
+  if (!slot->second.holders.empty()) return;
+  lanes_->release(slot->first);
+  held_.erase(slot);
 }
 
 void Producer::remove_member(const std::string& peer, Departure how) {
   std::vector<uint64_t> held;
-  for (const auto& [seq, who] : holders_) {
-    if (who.count(peer)) held.push_back(seq);
+  for (const auto& [seq, hold] : held_) {
+    if (hold.holders.count(peer)) held.push_back(seq);
   }
   for (uint64_t seq : held) drop_holder(seq, peer);
   members_.erase(peer);
@@ -432,11 +428,11 @@ void Producer::end_retention() {
 }
 
 void Producer::evict_stragglers() {
-  if (options_.straggler_timeout <= 0 || !waiting_for_space_ || holders_.empty()) return;
-  auto oldest = holders_.begin();
-  double held = std::chrono::duration<double>(Clock::now() - announced_at_[oldest->first]).count();
+  if (options_.straggler_timeout <= 0 || !waiting_for_space_ || held_.empty()) return;
+  auto oldest = held_.begin();
+  double held = std::chrono::duration<double>(Clock::now() - oldest->second.since).count();
   if (held < options_.straggler_timeout) return;
-  std::vector<std::string> slow(oldest->second.begin(), oldest->second.end());
+  std::vector<std::string> slow(oldest->second.holders.begin(), oldest->second.holders.end());
   for (const auto& peer : slow) {
     auto m = members_.find(peer);
     if (m == members_.end()) continue;  // the catch-up retention, not a consumer

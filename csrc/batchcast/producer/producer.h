@@ -96,6 +96,11 @@ class Producer {
     int64_t first_epoch;
     int64_t batches_sent = 0;
   };
+  // Who holds an announced slot, and since when.
+  struct SlotHold {
+    std::set<std::string> holders;
+    std::chrono::steady_clock::time_point since;
+  };
   // What the I/O thread sends, in order, and to whom.
   enum class Route { EpochBegin, Batch, EpochEnd, Everyone };
   struct Outgoing {
@@ -112,6 +117,7 @@ class Producer {
   enum class Departure { Left, Crashed, Evicted };
   void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
+  void free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot);
   void check_liveness();
   void end_retention();
   void evict_stragglers();
@@ -129,8 +135,7 @@ class Producer {
   mutable std::mutex mu_;
   std::condition_variable changed_;  // members, ring space, stop
   std::map<std::string, Member> members_;
-  std::map<uint64_t, std::set<std::string>> holders_;
-  std::map<uint64_t, std::chrono::steady_clock::time_point> announced_at_;
+  std::map<uint64_t, SlotHold> held_;  // announced slots not yet released by everyone
   bool waiting_for_space_ = false;
   // The current epoch's first batches, kept for consumers that join late in
   // catch-up mode: (seq, encoded announcement), while the epoch is within the window.

@@ -24,6 +24,26 @@ Announcement sample_announcement() {
   return a;
 }
 
+Welcome host_welcome() {
+  Welcome w;
+  w.producer_pid = 77;
+  w.ring = Ring{5, 1 << 20, {}, {}, {}};
+  w.consumer_id = 9;
+  w.first_epoch = 2;
+  w.samples_per_epoch = 1003;
+  w.slots = 8;
+  return w;
+}
+
+Ring gpu_ring(int events) {
+  Ring r;
+  r.bytes = 1 << 30;
+  r.gpu_uuid = std::string(kUuidBytes, '\x5a');
+  r.memory_handle = std::string(kHandleBytes, '\x01');
+  for (int i = 0; i < events; ++i) r.event_handles.push_back(std::string(kHandleBytes, static_cast<char>(i)));
+  return r;
+}
+
 }  // namespace
 
 TEST(Protocol, AnnouncementRoundTrip) {
@@ -47,7 +67,7 @@ TEST(Protocol, AnnouncementRoundTrip) {
 
 TEST(Protocol, EveryKindRoundTrips) {
   std::vector<Message> all = {Hello{1234, 0},
-                              Welcome{77, 5, 1 << 20, 9, 2, 1003, 8},
+                              host_welcome(),
                               Refuse{"no"},
                               sample_announcement(),
                               EpochEnd{1, 1003, 32},
@@ -56,8 +76,10 @@ TEST(Protocol, EveryKindRoundTrips) {
                               Heartbeat{},
                               Release{{1, 2, 3}},
                               Bye{},
-                              RingReady{5, 8192},
-                              protocol::Evicted{"too slow"}};
+                              RingReady{Ring{5, 8192, {}, {}, {}}},
+                              RingReady{gpu_ring(18)},
+                              protocol::Evicted{"too slow"},
+                              Unmapped{}};
   for (const auto& m : all) {
     auto bytes = encode(m);
     auto back = decode(bytes.data(), bytes.size());
@@ -67,7 +89,7 @@ TEST(Protocol, EveryKindRoundTrips) {
 }
 
 TEST(Protocol, EveryTruncationIsRejected) {
-  std::vector<Message> all = {Hello{1234, 0}, Welcome{77, 5, 1 << 20, 9, 2, 1003, 8},
+  std::vector<Message> all = {Hello{1234, 0}, host_welcome(), RingReady{gpu_ring(3)},
                               sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3}};
   for (const auto& m : all) {
     auto bytes = encode(m);
@@ -112,7 +134,59 @@ TEST(Protocol, InconsistentAnnouncementsAreRejected) {
   EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
 
   bytes = encode(sample_announcement());
-  bytes[kHeaderBytes + 32 + 4 + a.layout.size() + 4 + 1] = 42;  // dtype byte of leaf 0
+  bytes[kHeaderBytes + 36 + 4 + a.layout.size() + 4 + 1] = 42;  // dtype byte of leaf 0
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  a = sample_announcement();
+  a.event = -2;
+  bytes = encode(a);
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+}
+
+TEST(Protocol, GpuRingsTravelAsHandlesOnly) {
+  Welcome w = host_welcome();
+  w.ring = gpu_ring(0);
+  w.ring.bytes = 0;  // a GPU producer before its first batch: only where it will be
+  w.ring.memory_handle.clear();
+  auto bytes = encode(w);
+  auto back = std::get<Welcome>(decode(bytes.data(), bytes.size()));
+  EXPECT_TRUE(back.ring.on_gpu());
+  EXPECT_FALSE(back.ring.exists());
+  EXPECT_EQ(back.ring.gpu_uuid, w.ring.gpu_uuid);
+
+  RingReady ready{gpu_ring(18)};
+  bytes = encode(ready);
+  EXPECT_LT(bytes.size(), 64u * 20 + 64);  // handles, never memory
+  auto r = std::get<RingReady>(decode(bytes.data(), bytes.size())).ring;
+  EXPECT_EQ(r.memory_handle, ready.ring.memory_handle);
+  EXPECT_EQ(r.event_handles, ready.ring.event_handles);
+  EXPECT_EQ(r.fd, -1);
+
+  Announcement a = sample_announcement();
+  a.event = 17;
+  bytes = encode(a);
+  EXPECT_EQ(std::get<Announcement>(decode(bytes.data(), bytes.size())).event, 17);
+}
+
+TEST(Protocol, InconsistentRingsAreRejected) {
+  std::vector<Ring> bad;
+  bad.push_back(Ring{-1, 4096, {}, {}, {}});      // host ring without an fd
+  bad.push_back(Ring{3, 0, {}, {}, {}});          // an fd but no memory
+  bad.push_back(Ring{-7, 0, {}, {}, {}});         // nonsense fd
+  Ring gpu = gpu_ring(0);
+  bad.push_back(gpu);                             // GPU ring without events
+  gpu = gpu_ring(2);
+  gpu.fd = 4;
+  bad.push_back(gpu);                             // GPU ring with an fd
+  for (const Ring& ring : bad) {
+    auto bytes = encode(RingReady{ring});
+    EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+  }
+  // A ring that does not exist yet cannot be announced as ready.
+  Ring later = gpu_ring(0);
+  later.bytes = 0;
+  later.memory_handle.clear();
+  auto bytes = encode(RingReady{later});
   EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
 }
 

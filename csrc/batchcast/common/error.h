@@ -62,6 +62,13 @@ class Stopped : public Error {
   using Error::Error;
 };
 
+// A CUDA call failed, the producer's GPU is not visible here, or this build
+// has no CUDA transport; the message says which and what to do.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A message that failed validation. Never escapes the I/O threads: such
 // messages are dropped and counted.
 class MalformedMessage : public Error {

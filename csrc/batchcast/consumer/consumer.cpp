@@ -15,8 +15,12 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "batchcast/common/endpoint.h"
 #include "batchcast/common/error.h"
+#include "batchcast/cuda/transport.h"
 #include "batchcast/ring/ring.h"
 
 namespace batchcast {
@@ -24,8 +28,10 @@ namespace batchcast {
 using Clock = std::chrono::steady_clock;
 
 // The consumer's connection: a DEALER socket served by one I/O thread, the
-// mapped ring, and the queue of releases coming from tensor deleters on any
-// thread. Tensors keep it (and so the mapping) alive through their tokens.
+// ring mapped once (host memory, or a GPU allocation opened once with CUDA
+// IPC), and the queue of releases coming from tensor deleters on any thread.
+// Tensors keep it (and so the mapping) alive through their tokens; it says
+// Bye when the consumer closes and Unmapped once nothing references the ring.
 class Channel : public ReleaseSink {
  public:
   Channel(std::string name, std::string endpoint, uint32_t flags)
@@ -39,20 +45,41 @@ class Channel : public ReleaseSink {
     io_ = std::thread([this] { serve(); });
   }
 
-  ~Channel() override { shutdown(); }
-
-  void release(uint64_t seq) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    held_ -= 1;
-    if (closed_) return;
-    releases_.push_back(seq);
+  ~Channel() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
     wakeup_.notify();
+    if (io_.joinable()) io_.join();
+    dealer_.close();
+    context_.close();
   }
 
-  std::shared_ptr<ReleaseToken> hold(uint64_t seq, std::shared_ptr<Channel> self) {
+  // GPU ring: record where the stream let go of the slot; the waiter sends
+  // the release once the GPU is past it. Never throws (runs in deleters).
+  void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override {
+    if (stream && waiter_) {
+      void* event = nullptr;
+      try {
+        event = waiter_->acquire();
+        c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
+        gpu.record(&event, *stream, stream->device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+        waiter_->add(seq, event);
+        return;
+      } catch (...) {
+        // The process is tearing CUDA down: nothing runs on the stream any more.
+        if (event != nullptr) waiter_->discard(event);
+      }
+    }
+    released(seq);
+  }
+
+  std::shared_ptr<ReleaseToken> hold(uint64_t seq, std::shared_ptr<Channel> self,
+                                     std::optional<c10::Stream> stream = std::nullopt) {
     std::lock_guard<std::mutex> lock(mu_);
     held_ += 1;
-    return std::make_shared<ReleaseToken>(seq, std::move(self));
+    return std::make_shared<ReleaseToken>(seq, std::move(self), stream);
   }
 
   // Waits for Welcome. Throws ProducerLost on timeout, Refused when refused.
@@ -93,24 +120,34 @@ class Channel : public ReleaseSink {
     if (!lost_.empty()) throw ProducerLost(lost_);
     protocol::Message m = std::move(inbox_.front());
     inbox_.pop_front();
+    if (std::holds_alternative<protocol::Finished>(m)) done_ = true;  // nothing follows it
+    wakeup_.notify();
     return m;
   }
 
-  const std::byte* ring_base() {
+  struct RingView {
+    const std::byte* base = nullptr;
+    const cuda::ImportedRing* gpu = nullptr;
+  };
+  RingView ring() {
     std::lock_guard<std::mutex> lock(mu_);
-    return region_ ? region_->data() : nullptr;
+    if (gpu_) return RingView{gpu_->data(), gpu_.get()};
+    return RingView{region_ ? region_->data() : nullptr, nullptr};
   }
 
-  void shutdown() {
+  // Stop taking batches (Consumer::close). Batches already handed out stay
+  // valid; what was announced but not taken is released now.
+  void leave() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
-      closed_ = true;
+      if (leaving_) return;
+      leaving_ = true;
+      for (const auto& m : inbox_) {
+        if (const auto* a = std::get_if<protocol::Announcement>(&m)) releases_.push_back(a->seq);
+      }
+      inbox_.clear();
     }
     wakeup_.notify();
-    if (io_.joinable()) io_.join();
-    dealer_.close();
-    context_.close();
   }
 
   int64_t dropped() const {
@@ -125,30 +162,56 @@ class Channel : public ReleaseSink {
     std::lock_guard<std::mutex> lock(mu_);
     return received_;
   }
+  std::pair<int64_t, int64_t> ipc_opens() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {memory_opens_, event_opens_};
+  }
 
  private:
+  void released(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ -= 1;
+    releases_.push_back(seq);
+    wakeup_.notify();
+  }
+
   void serve() {
     zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                                {nullptr, wakeup_.fd(), ZMQ_POLLIN, 0}};
     std::optional<Clock::time_point> dead_since;
+    bool bye_sent = false, unmapped_sent = false;
     while (true) {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
       if (items[1].revents & ZMQ_POLLIN) wakeup_.drain();
       receive_all();
-      std::vector<uint64_t> releases;
-      bool closing;
+      bool quit, say_bye, unmap;
       int64_t producer_pid;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        releases.swap(releases_);
-        closing = closed_;
+        quit = quit_;
+        if (quit) leaving_ = true;
+        say_bye = leaving_ && !bye_sent;
+        // Nothing references the ring and nothing more will: close it.
+        unmap = !unmapped_sent && (quit || ((leaving_ || done_) && held_ == 0 &&
+                                            (!waiter_ || waiter_->pending() == 0)));
         producer_pid = welcome_ ? welcome_->producer_pid : 0;
       }
-      if (!releases.empty()) send(protocol::Release{std::move(releases)});
-      if (closing) {
+      if (say_bye) {
         send(protocol::Bye{});
-        return;
+        bye_sent = true;
       }
+      if (unmap) unmap_ring();  // waits for the waiter: outside mu_
+      std::vector<uint64_t> releases;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        releases.swap(releases_);
+      }
+      if (!releases.empty()) send(protocol::Release{std::move(releases)});
+      if (unmap) {
+        send(protocol::Unmapped{});
+        unmapped_sent = true;
+      }
+      if (quit) return;
       // The producer's process is the liveness signal. Messages it sent just
       // before exiting may still be in flight: give them a moment.
       if (producer_pid > 0 && !finished_ && !process_alive(producer_pid)) {
@@ -163,6 +226,18 @@ class Channel : public ReleaseSink {
         }
       }
     }
+  }
+
+  void unmap_ring() {
+    std::unique_ptr<cuda::ReleaseWaiter> waiter;
+    std::unique_ptr<cuda::ImportedRing> gpu;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiter = std::move(waiter_);
+      gpu = std::move(gpu_);
+    }
+    waiter.reset();  // its thread may still be finishing a release: it takes mu_
+    gpu.reset();
   }
 
   void send(const protocol::Message& m) {
@@ -188,38 +263,65 @@ class Channel : public ReleaseSink {
         accept(protocol::decode(parts[0].data(), parts[0].size()));
       } catch (const MalformedMessage&) {
         dropped_ += 1;
-      } catch (const SystemError& e) {
+      } catch (const Error& e) {  // mapping the ring failed (SystemError, CudaError)
         lost_ = std::string("cannot map the ring of producer '") + name_ + "': " + e.what();
       }
       changed_.notify_all();
     }
   }
 
+  // Under mu_.
+  void open_ring(const protocol::Ring& ring) {
+    if (ring.on_gpu()) {
+      gpu_ = std::make_unique<cuda::ImportedRing>(ring.gpu_uuid, ring.memory_handle, ring.bytes,
+                                                  ring.event_handles);
+      memory_opens_ += gpu_->memory_opens();
+      event_opens_ += gpu_->event_opens();
+      waiter_ = std::make_unique<cuda::ReleaseWaiter>(gpu_->device(),
+                                                      [this](uint64_t seq) { released(seq); });
+    } else {
+      region_.emplace(SharedRegion::open(welcome_->producer_pid, ring.fd, ring.bytes));
+    }
+  }
+
+  bool ring_open() const { return region_.has_value() || gpu_ != nullptr; }
+
   // Under mu_. Handles connection-level messages here; queues the rest.
   void accept(protocol::Message m) {
     if (auto* w = std::get_if<protocol::Welcome>(&m)) {
       if (welcome_) throw MalformedMessage("second welcome");
-      if (w->ring_fd >= 0) region_.emplace(SharedRegion::open(w->producer_pid, w->ring_fd, w->ring_bytes));
       welcome_ = *w;
+      if (w->ring.exists()) open_ring(w->ring);
     } else if (auto* e = std::get_if<protocol::Evicted>(&m)) {
       if (!welcome_) throw MalformedMessage("eviction before welcome");
       evicted_ = e->reason;
       finished_ = true;  // no liveness checks any more: we are not a member
     } else if (auto* r = std::get_if<protocol::Refuse>(&m)) {
       refusal_ = r->reason.empty() ? "the producer refused this consumer" : r->reason;
-    } else if (auto* ring = std::get_if<protocol::RingReady>(&m)) {
-      if (!welcome_ || region_) throw MalformedMessage("unexpected ring");
-      region_.emplace(SharedRegion::open(welcome_->producer_pid, ring->ring_fd, ring->ring_bytes));
+    } else if (auto* ready = std::get_if<protocol::RingReady>(&m)) {
+      if (!welcome_ || ring_open() || ready->ring.gpu_uuid != welcome_->ring.gpu_uuid) {
+        throw MalformedMessage("unexpected ring");
+      }
+      welcome_->ring = ready->ring;
+      if (!leaving_) open_ring(ready->ring);
     } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
-      if (!region_) throw MalformedMessage("announcement before the ring");
+      if (!ring_open()) throw MalformedMessage("announcement before the ring");
+      const uint64_t size = gpu_ ? gpu_->size() : region_->size();
       for (const auto& leaf : a->leaves) {
         if (const auto* t = std::get_if<protocol::TensorLeaf>(&leaf)) {
-          if (t->offset > region_->size() || t->nbytes() > region_->size() - t->offset) {
+          if (t->offset > size || t->nbytes() > size - t->offset) {
             throw MalformedMessage("tensor outside the ring");
           }
         }
       }
+      if (gpu_ ? (a->event < 0 || a->event >= gpu_->events()) : a->event != -1) {
+        throw MalformedMessage("bad slot event");
+      }
       received_ += 1;
+      if (leaving_) {
+        releases_.push_back(a->seq);  // announced while we left: not ours to keep
+        return;
+      }
       inbox_.push_back(std::move(m));
     } else if (std::holds_alternative<protocol::Heartbeat>(m)) {
     } else if (std::holds_alternative<protocol::EpochEnd>(m) ||
@@ -227,7 +329,7 @@ class Channel : public ReleaseSink {
                std::holds_alternative<protocol::Finished>(m)) {
       if (!welcome_) throw MalformedMessage("message before welcome");
       if (std::holds_alternative<protocol::Finished>(m)) finished_ = true;
-      inbox_.push_back(std::move(m));
+      if (!leaving_) inbox_.push_back(std::move(m));
     } else {
       throw MalformedMessage(std::string("unexpected ") + protocol::kind_name(m));
     }
@@ -243,17 +345,23 @@ class Channel : public ReleaseSink {
   std::condition_variable changed_;
   std::optional<protocol::Welcome> welcome_;
   std::optional<SharedRegion> region_;
+  std::unique_ptr<cuda::ImportedRing> gpu_;
+  std::unique_ptr<cuda::ReleaseWaiter> waiter_;
   std::deque<protocol::Message> inbox_;
   std::vector<uint64_t> releases_;
   std::string refusal_;
   std::string lost_;
   std::string evicted_;
-  bool closed_ = false;
+  bool leaving_ = false;  // the consumer closed: Bye, and take nothing more
+  bool quit_ = false;     // the channel is being destroyed
+  bool done_ = false;     // the caller took Finished: no batch will come
   bool warned_ = false;
   std::atomic<bool> finished_{false};
   int64_t dropped_ = 0;
   int64_t held_ = 0;
   int64_t received_ = 0;
+  int64_t memory_opens_ = 0;
+  int64_t event_opens_ = 0;
 };
 
 Consumer::Consumer(ConsumerOptions options)
@@ -271,17 +379,67 @@ Consumer::Consumer(ConsumerOptions options)
     rebatcher_.set_max_pending(std::max<int64_t>(0, (w.slots - 2) / 2));
     samples_per_epoch_ = w.samples_per_epoch;
     id_ = w.consumer_id;
+    place(w.ring);
   } catch (...) {
-    channel_->shutdown();
+    channel_->leave();
     throw;
   }
 }
 
-Consumer::~Consumer() { close(); }
+// Decides once, at join, where batches go and how they get there.
+void Consumer::place(const protocol::Ring& ring) {
+  const Placement want = options_.placement;
+  if (want == Placement::Cuda &&
+      (options_.cuda_device < 0 || options_.cuda_device >= cuda::device_count())) {
+    throw CudaError("consumer of '" + options_.name + "' asked for cuda:" +
+                    std::to_string(options_.cuda_device) + " but this process sees " +
+                    std::to_string(cuda::device_count()) + " GPU(s)");
+  }
+  if (!ring.on_gpu()) {
+    if (want == Placement::Cuda) {
+      throw InvalidArgument("producer '" + options_.name +
+                            "' serves batches from host shared memory; a consumer on cuda:" +
+                            std::to_string(options_.cuda_device) +
+                            " needs a producer with device='cuda' (one copy to the GPU shared by "
+                            "all), or use device='cpu' here and move batches yourself");
+    }
+    transfer_ = Transfer::SharedMemory;
+    device_ = c10::kCPU;
+    return;
+  }
+  ring_device_ = cuda::device_with_uuid(ring.gpu_uuid);
+  if (ring_device_ < 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
+                    ", which this process cannot see (" + std::to_string(cuda::device_count()) +
+                    " visible GPU(s), CUDA_VISIBLE_DEVICES=" + (visible ? visible : "<unset>") +
+                    "); make that GPU visible to this process (it may train on another one)");
+  }
+  const c10::Device ring_device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ring_device_));
+  if (want == Placement::Host) {
+    transfer_ = Transfer::DeviceToHost;
+    device_ = c10::kCPU;
+  } else if (want == Placement::Auto || options_.cuda_device == ring_device_) {
+    transfer_ = Transfer::View;
+    device_ = ring_device;
+  } else {
+    transfer_ = cuda::can_access_peer(options_.cuda_device, ring_device_) ? Transfer::Peer
+                                                                          : Transfer::HostStaged;
+    device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(options_.cuda_device));
+  }
+}
+
+Consumer::~Consumer() {
+  close();
+  rebatcher_.clear();
+  channel_.reset();  // the channel itself lives on while handed-out tensors do
+}
 
 void Consumer::close() {
   rebatcher_.clear();
-  if (channel_) channel_->shutdown();
+  if (channel_) channel_->leave();
+  in_epoch_ = false;
+  finished_ = true;
 }
 
 int64_t Consumer::samples_per_epoch() const { return samples_per_epoch_; }
@@ -313,10 +471,12 @@ std::optional<Batch> Consumer::next() {
     }
     protocol::Message m = channel_->wait_message();
     if (auto* a = std::get_if<protocol::Announcement>(&m)) {
-      auto token = channel_->hold(a->seq, channel_);
-      if (a->epoch != epoch_) continue;  // not ours: the token releases it at once
+      if (a->epoch != epoch_) {
+        channel_->hold(a->seq, channel_);  // not ours: the token releases it at once
+        continue;
+      }
       mid_epoch_ = true;
-      rebatcher_.push(LoaderBatch{std::move(*a), channel_->ring_base(), std::move(token), {}});
+      receive(*a);
     } else if (auto* end = std::get_if<protocol::EpochEnd>(&m)) {
       if (end->epoch != epoch_) continue;
       samples_per_epoch_ = end->samples;
@@ -346,6 +506,47 @@ std::optional<Batch> Consumer::next() {
   }
 }
 
+// One loader batch of the current epoch: views where it lies, or one copy to
+// where this consumer wants it. GPU ordering: the caller's current stream
+// waits on the slot's event (the producer's copy); no device-wide sync.
+void Consumer::receive(protocol::Announcement& a) {
+  Channel::RingView ring = channel_->ring();
+  if (transfer_ == Transfer::SharedMemory) {
+    auto token = channel_->hold(a.seq, channel_);
+    rebatcher_.push(LoaderBatch{std::move(a), ring.base, std::move(token), {}, c10::kCPU});
+    return;
+  }
+  if (ring.gpu == nullptr) throw ProducerLost("the GPU ring of producer '" + options_.name + "' is closed");
+  c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
+  const c10::Device ring_device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ring_device_));
+  const c10::Stream stream = gpu.getStream(ring_device);
+  gpu.block(ring.gpu->event(a.event), stream);
+  if (transfer_ == Transfer::View) {
+    auto token = channel_->hold(a.seq, channel_, stream);
+    rebatcher_.push(LoaderBatch{std::move(a), ring.base, std::move(token), {}, ring_device});
+    return;
+  }
+  // One copy per loader batch, issued on the ring device's current stream;
+  // the slot is released once that stream is past the copy.
+  LoaderBatch batch;
+  batch.device = device_;
+  for (const auto& leaf : a.leaves) {
+    if (const auto* t = std::get_if<protocol::TensorLeaf>(&leaf)) {
+      auto options = at::TensorOptions().dtype(from_wire(t->dtype)).device(ring_device);
+      at::Tensor view = at::from_blob(const_cast<std::byte*>(ring.base + t->offset), t->shape,
+                                      [](void*) {}, options, ring_device);
+      batch.owned.push_back(view.to(device_));  // to host: synchronous
+    } else {
+      batch.owned.emplace_back();
+    }
+  }
+  transfers_ += 1;
+  channel_->hold(a.seq, channel_,
+                 transfer_ == Transfer::DeviceToHost ? std::nullopt : std::optional<c10::Stream>(stream));
+  batch.announcement = std::move(a);
+  rebatcher_.push(std::move(batch));
+}
+
 ConsumerStats Consumer::stats() const {
   ConsumerStats s;
   s.id = id_;
@@ -358,6 +559,12 @@ ConsumerStats Consumer::stats() const {
   s.spills = rebatcher_.stats().spills;
   s.slots_held = channel_->held();
   s.dropped_messages = channel_->dropped();
+  s.device = device_.str();
+  static constexpr const char* kTransfers[] = {"shared-memory", "view", "peer", "host-staged",
+                                               "device-to-host"};
+  s.transfer = kTransfers[static_cast<int>(transfer_)];
+  std::tie(s.ipc_memory_opens, s.ipc_event_opens) = channel_->ipc_opens();
+  s.transfers = transfers_;
   return s;
 }
 

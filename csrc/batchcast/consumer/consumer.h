@@ -8,10 +8,19 @@
 #include <optional>
 #include <string>
 
+#include <c10/core/Device.h>
+
 #include "batchcast/common/batch.h"
 #include "batchcast/consumer/rebatcher.h"
 
 namespace batchcast {
+
+// Where a consumer wants its batches.
+enum class Placement {
+  Auto,  // where the producer puts them: host shared memory, or the producer's GPU
+  Host,  // host memory (from a GPU producer: one device-to-host copy per loader batch)
+  Cuda,  // GPU `cuda_device`: views on the producer's GPU, else one peer copy
+};
 
 struct ConsumerOptions {
   std::string name;
@@ -20,6 +29,8 @@ struct ConsumerOptions {
   double timeout = 30.0;    // seconds to wait for the producer to answer
   bool catch_up = false;    // joining mid-epoch: that epoch from its start, if retained
   std::string runtime_dir;  // empty: the per-user default
+  Placement placement = Placement::Auto;
+  int cuda_device = -1;     // with Placement::Cuda
 };
 
 struct ConsumerStats {
@@ -33,6 +44,14 @@ struct ConsumerStats {
   int64_t spills = 0;           // times pending samples were copied out of the ring
   int64_t slots_held = 0;       // ring slots this process still references
   int64_t dropped_messages = 0; // malformed or unexpected messages ignored
+  std::string device;           // where batches are handed out: "cpu", "cuda:N"
+  // How loader batches get there: "shared-memory" (host views), "view" (GPU
+  // views, zero copies), "peer" (one GPU-to-GPU copy), "host-staged" (one copy
+  // through host memory), "device-to-host" (one copy to host memory).
+  std::string transfer;
+  int64_t ipc_memory_opens = 0; // CUDA IPC memory handles opened (one per ring allocation)
+  int64_t ipc_event_opens = 0;  // CUDA IPC event handles opened (once, at join)
+  int64_t transfers = 0;        // loader batches copied to this consumer's device
 };
 
 class Channel;
@@ -62,8 +81,16 @@ class Consumer {
   const ConsumerOptions& options() const { return options_; }
 
  private:
+  enum class Transfer { SharedMemory, View, Peer, HostStaged, DeviceToHost };
+  void place(const protocol::Ring& ring);
+  void receive(protocol::Announcement& a);
+
   ConsumerOptions options_;
   std::shared_ptr<Channel> channel_;
+  Transfer transfer_ = Transfer::SharedMemory;
+  c10::Device device_ = c10::kCPU;   // where batches are handed out
+  int ring_device_ = -1;             // the producer's GPU as numbered in this process
+  int64_t transfers_ = 0;
   Rebatcher rebatcher_;
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;

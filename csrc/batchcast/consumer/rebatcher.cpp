@@ -55,9 +55,9 @@ void Rebatcher::spill() {
         std::vector<int64_t> shape = t->shape;
         uint64_t row = t->nbytes() / static_cast<uint64_t>(std::max<int64_t>(shape[0], 1));
         shape[0] = left;
-        auto options = at::TensorOptions().dtype(from_wire(t->dtype));
+        auto options = at::TensorOptions().dtype(from_wire(t->dtype)).device(b.device);
         auto* at_row = const_cast<std::byte*>(b.base + t->offset + static_cast<uint64_t>(used) * row);
-        copy.owned.push_back(at::from_blob(at_row, shape, options).clone());
+        copy.owned.push_back(at::from_blob(at_row, shape, [](void*) {}, options, b.device).clone());
         std::get<protocol::TensorLeaf>(copy.announcement.leaves[j]).shape[0] = left;
       } else {
         auto& items = std::get<protocol::ListLeaf>(copy.announcement.leaves[j]).items;
@@ -65,6 +65,7 @@ void Rebatcher::spill() {
         copy.owned.emplace_back();  // keeps leaf indices aligned
       }
     }
+    copy.device = b.device;
     b = std::move(copy);  // without the token: the slot can be released
     if (k == 0) front_used_ = 0;
   }
@@ -146,7 +147,8 @@ Batch Rebatcher::take(int64_t n) {
         expect = start_of(p) + static_cast<uint64_t>(p.count) * row;
       }
       std::vector<int64_t> shape = t0->shape;
-      auto options = at::TensorOptions().dtype(from_wire(t0->dtype));
+      const c10::Device device = pieces.front().batch->device;
+      auto options = at::TensorOptions().dtype(from_wire(t0->dtype)).device(device);
       if (pieces.size() == 1 && any_spilled) {  // spilled samples: a view of the private copy
         out.leaves.emplace_back(
             pieces[0].batch->owned[j].narrow(0, pieces[0].start, pieces[0].count));
@@ -156,13 +158,17 @@ Batch Rebatcher::take(int64_t n) {
         for (const Piece& p : pieces) tokens.push_back(p.batch->token);
         shape[0] = n;
         out.leaves.emplace_back(at::from_blob(
-            start_of(pieces.front()), shape, [tokens = std::move(tokens)](void*) {}, options));
+            start_of(pieces.front()), shape, [tokens = std::move(tokens)](void*) {}, options, device));
         stats_.views += 1;
       } else {
         std::vector<at::Tensor> parts;
         for (const Piece& p : pieces) {
           shape[0] = p.count;
-          parts.push_back(at::from_blob(start_of(p), shape, options));  // borrowed, copied below
+          if (p.batch->spilled()) {
+            parts.push_back(p.batch->owned[j].narrow(0, p.start, p.count));
+          } else {  // borrowed, copied below
+            parts.push_back(at::from_blob(start_of(p), shape, [](void*) {}, options, p.batch->device));
+          }
         }
         out.leaves.emplace_back(at::cat(parts));
         stats_.copies += 1;

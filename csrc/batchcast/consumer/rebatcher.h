@@ -4,6 +4,9 @@
 // straddles a wrap of the ring is a single copy.
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -14,37 +17,43 @@
 
 namespace batchcast {
 
-// Told when no tensor or pending batch references a ring slot any more.
+// Told when no tensor or pending batch references a ring slot any more. For a
+// GPU ring, `stream` is the stream the slot's memory was used on: the slot
+// goes back only once that stream has passed this point.
 class ReleaseSink {
  public:
   virtual ~ReleaseSink() = default;
-  virtual void release(uint64_t seq) = 0;
+  virtual void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept = 0;
 };
 
 // Held by every tensor viewing a slot (through its deleter) and by the
 // rebatcher while samples of the slot are pending. The last owner releases.
 class ReleaseToken {
  public:
-  ReleaseToken(uint64_t seq, std::shared_ptr<ReleaseSink> sink)
-      : seq_(seq), sink_(std::move(sink)) {}
+  ReleaseToken(uint64_t seq, std::shared_ptr<ReleaseSink> sink,
+               std::optional<c10::Stream> stream = std::nullopt)
+      : seq_(seq), sink_(std::move(sink)), stream_(stream) {}
   ReleaseToken(const ReleaseToken&) = delete;
   ReleaseToken& operator=(const ReleaseToken&) = delete;
-  ~ReleaseToken() { sink_->release(seq_); }
+  ~ReleaseToken() { sink_->release(seq_, stream_); }
   uint64_t seq() const { return seq_; }
 
  private:
   uint64_t seq_;
   std::shared_ptr<ReleaseSink> sink_;
+  std::optional<c10::Stream> stream_;
 };
 
 // One announced loader batch whose tensors live at `base` + leaf offsets in
-// the ring, or, once spilled (no token: it holds no slot), in private
-// tensors `owned`, indexed by leaf (undefined for list leaves).
+// the ring (on `device`), or, once spilled or copied to another device (no
+// token: it holds no slot), in private tensors `owned`, indexed by leaf
+// (undefined for list leaves).
 struct LoaderBatch {
   protocol::Announcement announcement;
   const std::byte* base = nullptr;
   std::shared_ptr<ReleaseToken> token;
   std::vector<at::Tensor> owned;
+  c10::Device device = c10::kCPU;
   bool spilled() const { return token == nullptr; }
 };
 

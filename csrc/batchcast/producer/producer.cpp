@@ -35,6 +35,16 @@ Producer::Producer(ProducerOptions options)
     throw InvalidArgument("catch_up_window must be at most slots / 2 (" +
                           std::to_string(options_.slots / 2) + "); raise slots");
   }
+  if (options_.cuda_device >= 0) {
+    if (!cuda::built()) (void)cuda::device_uuid(options_.cuda_device);  // throws: no CUDA transport
+    int visible = cuda::device_count();
+    if (options_.cuda_device >= visible) {
+      throw CudaError("cannot serve from cuda:" + std::to_string(options_.cuda_device) + ": this process sees " +
+                      std::to_string(visible) + " GPU(s)");
+    }
+    ring_.gpu_uuid = cuda::device_uuid(options_.cuda_device);
+  }
+  if (!(options_.linger >= 0)) throw InvalidArgument("linger must be >= 0 seconds");
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
   lock_ = std::make_unique<NameLock>(dir_, options_.name);
@@ -58,16 +68,57 @@ Producer::~Producer() {
                                  protocol::encode(protocol::Finished{epochs_done_})});
     }
   }
+  if (gpu_) await_unmapped();
   quit_io_ = true;
   wakeup_.notify();
   if (io_.joinable()) io_.join();
+  gpu_.reset();
   router_.close();
   context_.close();
 }
 
+// Freeing GPU memory that another process still maps is undefined behaviour in
+// CUDA IPC, so a GPU ring outlives its producer object until every consumer
+// that was given it has unmapped it or exited.
+void Producer::await_unmapped() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto mapped = [&] {
+    std::vector<int64_t> pids;
+    for (const auto& [peer, m] : members_) {
+      if (m.mapped) pids.push_back(m.pid);
+    }
+    return pids;
+  };
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.linger));
+  bool told = false;
+  while (!mapped().empty()) {
+    Clock::time_point next = std::min<Clock::time_point>(deadline, Clock::now() + std::chrono::seconds(5));
+    changed_.wait_until(lock, next);
+    auto pids = mapped();
+    if (pids.empty()) break;
+    std::string list;
+    for (int64_t pid : pids) list += (list.empty() ? "" : ", ") + std::to_string(pid);
+    if (Clock::now() >= deadline) {
+      std::fprintf(stderr,
+                   "batchcast: producer '%s': freeing its GPU ring after %.0f s (linger) although "
+                   "consumer pid(s) %s still map it; their batches are no longer valid\n",
+                   options_.name.c_str(), options_.linger, list.c_str());
+      return;
+    }
+    if (!told) {
+      told = true;
+      std::fprintf(stderr,
+                   "batchcast: producer '%s' is waiting for consumer pid(s) %s to free the batches "
+                   "they hold before freeing its GPU ring (at most %.0f s)\n",
+                   options_.name.c_str(), list.c_str(), options_.linger);
+    }
+  }
+}
+
 bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [&] { return stopping_ || static_cast<int64_t>(members_.size()) >= count; };
+  auto ready = [&] { return stopping_ || active_members() >= count; };
   if (timeout_seconds < 0) {
     changed_.wait(lock, ready);
   } else if (!changed_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), ready)) {
@@ -100,11 +151,22 @@ void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
   for (uint64_t b : leaf_bytes) {
     capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * scale));
   }
-  lanes_.emplace(capacities);
-  region_.emplace(SharedRegion::create(lanes_->total_bytes(), options_.name));
+  LaneAllocator lanes(capacities);
+  if (options_.cuda_device >= 0) {
+    // Twice as many events as slots: smaller later batches can put more in flight.
+    const int events = static_cast<int>(2 * slots);
+    gpu_.emplace(options_.cuda_device, std::max<uint64_t>(lanes.total_bytes(), 1), events);
+    for (int e = events - 1; e >= 0; --e) free_events_.push_back(e);
+    ring_.memory_handle = gpu_->memory_handle();
+    ring_.event_handles = gpu_->event_handles();
+  } else {
+    region_.emplace(SharedRegion::create(lanes.total_bytes(), options_.name));
+    ring_.fd = region_->fd();
+  }
+  ring_.bytes = std::max<uint64_t>(lanes.total_bytes(), 1);
+  lanes_.emplace(std::move(lanes));
   stats_.ring_bytes = lanes_->total_bytes();
-  protocol::RingReady ready{region_->fd(), lanes_->total_bytes()};
-  outbox_.push_back(Outgoing{Route::Everyone, -1, 0, protocol::encode(ready)});
+  outbox_.push_back(Outgoing{Route::Ring, -1, 0, protocol::encode(protocol::RingReady{ring_})});
   wakeup_.notify();
 }
 
@@ -119,6 +181,11 @@ double Producer::publish(const Batch& batch) {
         throw InvalidArgument("every tensor in a batch needs dim 0 = " +
                               std::to_string(batch.samples) + " samples");
       }
+      if (options_.cuda_device >= 0 && !t->device().is_cpu()) {
+        throw InvalidArgument("a producer serving from cuda:" + std::to_string(options_.cuda_device) +
+                              " copies batches from host memory, but this batch has a tensor on " +
+                              t->device().str() + "; let the loader return CPU tensors");
+      }
       (void)to_wire(t->scalar_type());
       tensors.push_back(t);
       bytes.push_back(static_cast<uint64_t>(t->numel()) * t->element_size());
@@ -130,6 +197,7 @@ double Producer::publish(const Batch& batch) {
   }
 
   std::optional<LaneAllocator::Slot> slot;
+  int event = -1;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) throw Stopped("producer stopped");
@@ -138,6 +206,7 @@ double Producer::publish(const Batch& batch) {
     waiting_for_space_ = true;
     changed_.wait(lock, [&] {
       if (stopping_) return true;
+      if (gpu_ && free_events_.empty()) return false;
       slot = lanes_->try_allocate(bytes, align);
       return slot.has_value();
     });
@@ -145,17 +214,38 @@ double Producer::publish(const Batch& batch) {
     waited = seconds_since(wait_start);
     stats_.wait_seconds += waited;
     if (stopping_) throw Stopped("producer stopped");
+    if (gpu_) {
+      event = free_events_.back();
+      free_events_.pop_back();
+      slot_events_[slot->seq] = event;
+    }
   }
 
   protocol::Announcement ann;
   ann.seq = slot->seq;
+  ann.event = event;
+  // GPU ring: leaves are gathered into pinned staging, then copied on the
+  // ring's stream; the call returns while the copy runs.
+  std::byte* staged = nullptr;
+  uint64_t staged_at = 0;
+  if (gpu_) {
+    uint64_t total = 0;
+    for (uint64_t b : bytes) total += (b + 255) / 256 * 256;
+    staged = gpu_->staging(std::max<uint64_t>(total, 256));
+  }
   ann.samples = batch.samples;
   ann.layout = batch.layout;
   std::size_t lane = 0;
   for (const Leaf& leaf : batch.leaves) {
     if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
       uint64_t offset = slot->offsets[lane++];
-      if (t->numel() > 0) {
+      if (t->numel() > 0 && gpu_) {
+        const uint64_t n = static_cast<uint64_t>(t->numel()) * t->element_size();
+        at::from_blob(staged + staged_at, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
+            .copy_(*t);
+        gpu_->copy_in(staged + staged_at, offset, n);
+        staged_at += (n + 255) / 256 * 256;
+      } else if (t->numel() > 0) {
         at::Tensor dst = at::from_blob(region_->data() + offset, t->sizes(),
                                        at::TensorOptions().dtype(t->scalar_type()));
         dst.copy_(*t);
@@ -166,6 +256,8 @@ double Producer::publish(const Batch& batch) {
       ann.leaves.push_back(protocol::ListLeaf{items.kind, items.values});
     }
   }
+
+  if (gpu_) gpu_->commit(event);
 
   std::lock_guard<std::mutex> lock(mu_);
   ann.epoch = epoch_;
@@ -222,15 +314,22 @@ void Producer::enqueue(Outgoing out) {
 
 int64_t Producer::consumer_count() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(members_.size());
+  return active_members();
+}
+
+int64_t Producer::active_members() const {
+  int64_t n = 0;
+  for (const auto& [peer, m] : members_) n += m.leaving ? 0 : 1;
+  return n;
 }
 
 ProducerStats Producer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ProducerStats s = stats_;
+  s.ring_device = options_.cuda_device >= 0 ? "cuda:" + std::to_string(options_.cuda_device) : "cpu";
   s.slots_in_use = lanes_ ? static_cast<int64_t>(lanes_->in_flight_seqs().size()) : 0;
   for (const auto& [peer, m] : members_) {
-    ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, m.batches_sent};
+    ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, m.batches_sent, m.leaving};
     for (const auto& [seq, hold] : held_) info.slots_held += static_cast<int64_t>(hold.holders.count(peer));
     s.consumers.push_back(info);
   }
@@ -322,8 +421,8 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     stats_.joins += 1;
     protocol::Welcome w;
     w.producer_pid = ::getpid();
-    w.ring_fd = region_ ? region_->fd() : -1;
-    w.ring_bytes = region_ ? region_->size() : 0;
+    w.ring = ring_;
+    members_[peer].mapped = ring_.on_gpu() && ring_.exists();
     w.consumer_id = m.id;
     w.first_epoch = m.first_epoch;
     w.samples_per_epoch = options_.samples_per_epoch;
@@ -345,7 +444,12 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
   if (const auto* release = std::get_if<protocol::Release>(&msg)) {
     for (uint64_t seq : release->seqs) drop_holder(seq, peer);
   } else if (std::holds_alternative<protocol::Bye>(msg)) {
-    remove_member(peer, Departure::Left);
+    if (!member->second.leaving) stats_.leaves += 1;
+    member->second.leaving = true;
+    forget_if_done(peer);
+  } else if (std::holds_alternative<protocol::Unmapped>(msg)) {
+    member->second.mapped = false;
+    forget_if_done(peer);
   } else {
     stats_.dropped_messages += 1;
   }
@@ -371,7 +475,7 @@ void Producer::deliver(Outgoing& out) {
         slot->second.holders.insert(kRetention);
       }
       for (auto& [peer, m] : members_) {
-        if (m.first_epoch > out.epoch) continue;
+        if (m.first_epoch > out.epoch || m.leaving) continue;
         slot->second.holders.insert(peer);
         m.batches_sent += 1;
         send_to(peer, out.bytes);
@@ -385,11 +489,16 @@ void Producer::deliver(Outgoing& out) {
       delivered_in_epoch_ = 0;
       next_joinable_epoch_ = std::max(next_joinable_epoch_, out.epoch + 1);
       for (auto& [peer, m] : members_) {
-        if (m.first_epoch <= out.epoch) send_to(peer, out.bytes);
+        if (m.first_epoch <= out.epoch && !m.leaving) send_to(peer, out.bytes);
       }
       break;
-    case Route::Everyone:  // RingReady, LoaderFailed, Finished
-      for (auto& [peer, m] : members_) send_to(peer, out.bytes);
+    case Route::Ring:
+    case Route::Everyone:  // LoaderFailed, Finished
+      for (auto& [peer, m] : members_) {
+        if (m.leaving) continue;
+        if (out.route == Route::Ring && ring_.on_gpu()) m.mapped = true;
+        send_to(peer, out.bytes);
+      }
       break;
   }
 }
@@ -399,11 +508,28 @@ void Producer::drop_holder(uint64_t seq, const std::string& peer) {
   if (slot == held_.end()) return;
   slot->second.holders.erase(peer);
   free_if_unheld(slot);
+  forget_if_done(peer);
+}
+
+// A member that said goodbye is forgotten once it holds nothing (and has
+// unmapped a GPU ring); until then its slots stay its own.
+void Producer::forget_if_done(const std::string& peer) {
+  auto m = members_.find(peer);
+  if (m == members_.end() || !m->second.leaving || m->second.mapped) return;
+  for (const auto& [seq, hold] : held_) {
+    if (hold.holders.count(peer)) return;
+  }
+  members_.erase(m);
 }
 
 void Producer::free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot) {
   if (!slot->second.holders.empty()) return;
   lanes_->release(slot->first);
+  auto event = slot_events_.find(slot->first);
+  if (event != slot_events_.end()) {
+    free_events_.push_back(event->second);
+    slot_events_.erase(event);
+  }
   held_.erase(slot);
 }
 
@@ -412,8 +538,8 @@ void Producer::remove_member(const std::string& peer, Departure how) {
   for (const auto& [seq, hold] : held_) {
     if (hold.holders.count(peer)) held.push_back(seq);
   }
-  for (uint64_t seq : held) drop_holder(seq, peer);
   members_.erase(peer);
+  for (uint64_t seq : held) drop_holder(seq, peer);
   switch (how) {
     case Departure::Left: stats_.leaves += 1; break;
     case Departure::Crashed: stats_.crashes += 1; break;

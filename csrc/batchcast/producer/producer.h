@@ -21,6 +21,8 @@
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/endpoint.h"
+#include "batchcast/cuda/transport.h"
+#include "batchcast/protocol/message.h"
 #include "batchcast/ring/ring.h"
 
 namespace batchcast {
@@ -35,6 +37,9 @@ struct ProducerOptions {
                                   // long while the producer waits for ring space
   int64_t catch_up_window = -1;   // first batches of each epoch kept for catch-up
                                   // joins; -1: slots / 2, 0: none
+  int cuda_device = -1;           // >= 0: the ring is GPU memory on this device
+  double linger = 30.0;           // GPU ring: seconds the destructor waits for consumers
+                                  // to unmap it before freeing it
 };
 
 struct ConsumerInfo {
@@ -43,6 +48,7 @@ struct ConsumerInfo {
   int64_t first_epoch = 0;
   int64_t slots_held = 0;
   int64_t batches_sent = 0;
+  bool leaving = false;           // said goodbye; still holds slots (its tensors are alive)
 };
 
 struct ProducerStats {
@@ -57,6 +63,7 @@ struct ProducerStats {
   int64_t refused = 0;            // other protocol versions
   int64_t dropped_messages = 0;   // malformed or unexpected
   uint64_t ring_bytes = 0;
+  std::string ring_device;        // "cpu" or "cuda:N"
   int64_t slots_in_use = 0;
   std::vector<ConsumerInfo> consumers;
 };
@@ -95,6 +102,8 @@ class Producer {
     int64_t pid;
     int64_t first_epoch;
     int64_t batches_sent = 0;
+    bool leaving = false;  // said Bye: gets nothing more, keeps what it holds
+    bool mapped = false;   // was given a GPU ring it has not said it unmapped
   };
   // Who holds an announced slot, and since when.
   struct SlotHold {
@@ -102,7 +111,7 @@ class Producer {
     std::chrono::steady_clock::time_point since;
   };
   // What the I/O thread sends, in order, and to whom.
-  enum class Route { EpochBegin, Batch, EpochEnd, Everyone };
+  enum class Route { EpochBegin, Batch, EpochEnd, Ring, Everyone };
   struct Outgoing {
     Route route;
     int64_t epoch = -1;
@@ -118,6 +127,9 @@ class Producer {
   void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
   void free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot);
+  void forget_if_done(const std::string& peer);
+  int64_t active_members() const;
+  void await_unmapped();
   void check_liveness();
   void end_retention();
   void evict_stragglers();
@@ -144,6 +156,10 @@ class Producer {
   int64_t delivered_in_epoch_ = 0;
   std::deque<Outgoing> outbox_;
   std::optional<SharedRegion> region_;
+  std::optional<cuda::DeviceRing> gpu_;
+  std::vector<int> free_events_;          // GPU ring: slot events not in use
+  std::map<uint64_t, int> slot_events_;   // GPU ring: seq -> its slot event
+  protocol::Ring ring_;                   // as described to consumers
   std::optional<LaneAllocator> lanes_;
   int64_t epoch_ = -1;
   int64_t epoch_batches_ = 0;

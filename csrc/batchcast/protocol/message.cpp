@@ -23,6 +23,7 @@ class Writer {
     put<uint32_t>(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
+  void raw(const std::string& s) { out_.append(s); }
   std::string take() { return std::move(out_); }
 
  private:
@@ -58,6 +59,12 @@ class Reader {
     if (min_bytes > 0 && n > remaining() / min_bytes) throw MalformedMessage("count exceeds message");
     return n;
   }
+  std::string raw(std::size_t n) {
+    need(n);
+    std::string s(p_, n);
+    p_ += n;
+    return s;
+  }
   std::size_t remaining() const { return static_cast<std::size_t>(end_ - p_); }
   void finish() const {
     if (p_ != end_) throw MalformedMessage(std::to_string(remaining()) + " trailing bytes");
@@ -70,6 +77,42 @@ class Reader {
   const char* p_;
   const char* end_;
 };
+
+void encode_ring(Writer& w, const Ring& ring) {
+  w.put<int32_t>(ring.fd);
+  w.put<uint64_t>(ring.bytes);
+  w.put<uint8_t>(ring.on_gpu() ? 1 : 0);
+  if (!ring.on_gpu()) return;
+  w.raw(ring.gpu_uuid);
+  w.put<uint8_t>(ring.exists() ? 1 : 0);
+  if (!ring.exists()) return;
+  w.raw(ring.memory_handle);
+  w.put<uint32_t>(static_cast<uint32_t>(ring.event_handles.size()));
+  for (const auto& h : ring.event_handles) w.raw(h);
+}
+
+// Exactly one shape per kind: a host ring has an fd once it exists; a GPU ring
+// never has an fd, and once it exists has its memory handle and >= 1 event.
+Ring decode_ring(Reader& r) {
+  Ring ring;
+  ring.fd = r.get<int32_t>();
+  ring.bytes = r.get<uint64_t>();
+  auto location = r.get<uint8_t>();
+  if (location == 0) {
+    if ((ring.fd >= 0) != ring.exists() || ring.fd < -1) throw MalformedMessage("bad host ring");
+    return ring;
+  }
+  if (location != 1 || ring.fd != -1) throw MalformedMessage("bad ring location");
+  ring.gpu_uuid = r.raw(kUuidBytes);
+  auto exists = r.get<uint8_t>();
+  if (exists > 1 || (exists == 1) != ring.exists()) throw MalformedMessage("bad GPU ring");
+  if (!ring.exists()) return ring;
+  ring.memory_handle = r.raw(kHandleBytes);
+  std::size_t n = r.count(kMaxEvents, kHandleBytes);
+  if (n == 0) throw MalformedMessage("GPU ring without events");
+  for (std::size_t i = 0; i < n; ++i) ring.event_handles.push_back(r.raw(kHandleBytes));
+  return ring;
+}
 
 void encode_leaf(Writer& w, const Leaf& leaf) {
   if (const auto* t = std::get_if<TensorLeaf>(&leaf)) {
@@ -157,8 +200,7 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<uint32_t>(m.flags);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           w.put<int64_t>(m.producer_pid);
-          w.put<int32_t>(m.ring_fd);
-          w.put<uint64_t>(m.ring_bytes);
+          encode_ring(w, m.ring);
           w.put<uint64_t>(m.consumer_id);
           w.put<int64_t>(m.first_epoch);
           w.put<int64_t>(m.samples_per_epoch);
@@ -169,6 +211,7 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int64_t>(m.epoch);
           w.put<int64_t>(m.index);
           w.put<uint64_t>(m.seq);
+          w.put<int32_t>(m.event);
           w.put<int64_t>(m.samples);
           w.text(m.layout);
           w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
@@ -185,8 +228,7 @@ std::string encode(const Message& message, uint16_t version) {
         } else if constexpr (std::is_same_v<T, Evicted>) {
           w.text(m.reason);
         } else if constexpr (std::is_same_v<T, RingReady>) {
-          w.put<int32_t>(m.ring_fd);
-          w.put<uint64_t>(m.ring_bytes);
+          encode_ring(w, m.ring);
         } else if constexpr (std::is_same_v<T, Release>) {
           w.put<uint32_t>(static_cast<uint32_t>(m.seqs.size()));
           for (uint64_t s : m.seqs) w.put<uint64_t>(s);
@@ -219,14 +261,12 @@ Message decode(const void* data, std::size_t size) {
     case Kind::Welcome: {
       Welcome m;
       m.producer_pid = r.get<int64_t>();
-      m.ring_fd = r.get<int32_t>();
-      m.ring_bytes = r.get<uint64_t>();
+      m.ring = decode_ring(r);
       m.consumer_id = r.get<uint64_t>();
       m.first_epoch = r.get<int64_t>();
       m.samples_per_epoch = r.get<int64_t>();
       m.slots = r.get<int64_t>();
-      if (m.slots < 2 || m.producer_pid <= 0 || m.ring_fd < -1 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
-          (m.ring_fd >= 0) != (m.ring_bytes > 0)) {
+      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < 0 || m.samples_per_epoch < -1) {
         throw MalformedMessage("bad welcome");
       }
       out = m;
@@ -237,8 +277,12 @@ Message decode(const void* data, std::size_t size) {
       m.epoch = r.get<int64_t>();
       m.index = r.get<int64_t>();
       m.seq = r.get<uint64_t>();
+      m.event = r.get<int32_t>();
       m.samples = r.get<int64_t>();
-      if (m.epoch < 0 || m.index < 0 || m.samples < 0) throw MalformedMessage("negative field");
+      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.event < -1 ||
+          m.event >= static_cast<int32_t>(kMaxEvents)) {
+        throw MalformedMessage("bad announcement field");
+      }
       m.layout = r.text(kMaxText);
       std::size_t n = r.count(kMaxLeaves, 2);
       m.leaves.reserve(n);
@@ -284,12 +328,14 @@ Message decode(const void* data, std::size_t size) {
       break;
     case Kind::RingReady: {
       RingReady m;
-      m.ring_fd = r.get<int32_t>();
-      m.ring_bytes = r.get<uint64_t>();
-      if (m.ring_fd < 0 || m.ring_bytes == 0) throw MalformedMessage("bad ring");
-      out = m;
+      m.ring = decode_ring(r);
+      if (!m.ring.exists()) throw MalformedMessage("ring without memory");
+      out = std::move(m);
       break;
     }
+    case Kind::Unmapped:
+      out = Unmapped{};
+      break;
     default:
       throw MalformedMessage("unknown message kind " + std::to_string(static_cast<int>(kind)));
   }
@@ -301,7 +347,7 @@ const char* kind_name(const Message& message) {
   static constexpr const char* kNames[] = {"Hello",    "Welcome",      "Refuse",
                                            "Announcement", "EpochEnd", "LoaderFailed",
                                            "Finished", "Heartbeat",    "Release", "Bye",
-                                           "RingReady", "Evicted"};
+                                           "RingReady", "Evicted", "Unmapped"};
   return kNames[message.index()];
 }
 

@@ -14,7 +14,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -23,6 +23,9 @@ constexpr std::size_t kMaxLeaves = 4096;
 constexpr std::size_t kMaxText = 16u << 20;
 constexpr std::size_t kMaxItems = 1u << 24;
 constexpr std::size_t kMaxReleases = 1u << 20;
+constexpr std::size_t kMaxEvents = 4096;
+constexpr std::size_t kUuidBytes = 16;
+constexpr std::size_t kHandleBytes = 64;  // a CUDA IPC memory or event handle
 
 enum class Kind : uint16_t {
   Hello = 1,
@@ -37,6 +40,7 @@ enum class Kind : uint16_t {
   Bye = 10,
   RingReady = 11,
   Evicted = 12,
+  Unmapped = 13,
 };
 
 enum class DType : uint8_t {
@@ -67,11 +71,22 @@ struct Hello {
   uint32_t flags = 0;
 };
 
+// Where the ring lives: host shared memory (a memfd) or one allocation on a
+// GPU, exported once with CUDA IPC together with one event per slot.
+struct Ring {
+  int32_t fd = -1;        // host: reopen as /proc/<producer_pid>/fd/<fd>
+  uint64_t bytes = 0;     // 0: not created yet (it is sized from the first batch)
+  std::string gpu_uuid;   // empty: host memory; else the GPU's 16-byte UUID
+  std::string memory_handle;               // GPU: cudaIpcMemHandle_t of the ring
+  std::vector<std::string> event_handles;  // GPU: cudaIpcEventHandle_t per slot event
+  bool on_gpu() const { return !gpu_uuid.empty(); }
+  bool exists() const { return bytes > 0; }
+};
+
 // Producer -> consumer: accepted; where the ring is and which epoch is yours.
 struct Welcome {
   int64_t producer_pid = 0;
-  int32_t ring_fd = -1;  // reopen as /proc/<producer_pid>/fd/<ring_fd>; -1: RingReady follows
-  uint64_t ring_bytes = 0;
+  Ring ring;  // a GPU producer's UUID is set even before its ring exists
   uint64_t consumer_id = 0;
   int64_t first_epoch = 0;
   int64_t samples_per_epoch = -1;  // -1: unknown until the first epoch ends
@@ -105,6 +120,7 @@ struct Announcement {
   int64_t epoch = 0;
   int64_t index = 0;
   uint64_t seq = 0;  // ring slot sequence number, echoed back in Release
+  int32_t event = -1;  // GPU ring: the slot event recorded after its copy; host: -1
   int64_t samples = 0;
   std::string layout;  // opaque structure description (JSON written by the Python package)
   std::vector<Leaf> leaves;
@@ -133,12 +149,17 @@ struct Release {
   std::vector<uint64_t> seqs;
 };
 
+// Consumer -> producer: send me no more batches. The slots it still holds
+// stay its own until released (its tensors remain valid).
 struct Bye {};
+
+// Consumer -> producer: this process holds nothing and has closed its
+// mapping of the ring (a GPU ring may be freed only after every importer did).
+struct Unmapped {};
 
 // Producer -> consumer: the ring exists now (it is sized from the first batch).
 struct RingReady {
-  int32_t ring_fd = -1;
-  uint64_t ring_bytes = 0;
+  Ring ring;
 };
 
 // Producer -> consumer: you were too slow and are no longer a member.
@@ -147,7 +168,7 @@ struct Evicted {
 };
 
 using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
-                             Finished, Heartbeat, Release, Bye, RingReady, Evicted>;
+                             Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {

@@ -1,0 +1,132 @@
+// The CUDA transport: a ring of GPU memory allocated once by batchcast and
+// shared with consumers through CUDA IPC, with one interprocess event per
+// slot. Written against the CUDA runtime API only (no torch, no CUDA headers
+// here), so it builds wherever the toolkit is, whatever torch is installed.
+// Without the toolkit at build time every call throws CudaUnavailable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "batchcast/common/error.h"
+
+namespace batchcast::cuda {
+
+constexpr std::size_t kUuidBytes = 16;
+constexpr std::size_t kHandleBytes = 64;  // cudaIpcMemHandle_t, cudaIpcEventHandle_t
+
+// True when this build contains the CUDA transport.
+bool built();
+// Devices this process can see; 0 without a driver or device (never throws).
+int device_count();
+// A device's UUID (16 raw bytes): stable across processes, unlike indices,
+// which CUDA_VISIBLE_DEVICES renumbers.
+std::string device_uuid(int device);
+// The visible device with this UUID, or -1.
+int device_with_uuid(const std::string& uuid);
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string uuid_text(const std::string& uuid);
+// Whether `device` can read `peer`'s memory directly (P2P over NVLink/PCIe).
+bool can_access_peer(int device, int peer);
+
+// Producer side: the ring's memory on one device, its slot events, a
+// dedicated copy stream and two pinned staging buffers, so that the
+// host-to-device copy of one batch overlaps with loading the next.
+class DeviceRing {
+ public:
+  DeviceRing(int device, uint64_t bytes, int events);
+  DeviceRing(const DeviceRing&) = delete;
+  DeviceRing& operator=(const DeviceRing&) = delete;
+  ~DeviceRing();
+
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return bytes_; }
+  int device() const { return device_; }
+  int events() const { return static_cast<int>(events_.size()); }
+  std::string uuid() const;
+  std::string memory_handle() const;
+  std::vector<std::string> event_handles() const;
+
+  // A pinned host buffer of at least `bytes` whose previous copy has finished.
+  std::byte* staging(uint64_t bytes);
+  // Queues a copy of staged bytes into the ring on the copy stream.
+  void copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t bytes);
+  // After a batch's copies: records slot event `event` on the copy stream
+  // (consumers' streams wait on it) and hands the staging buffer back.
+  void commit(int event);
+  // Waits for every queued copy.
+  void synchronize();
+
+ private:
+  struct Staging {
+    std::byte* data = nullptr;
+    uint64_t bytes = 0;
+    void* done = nullptr;  // cudaEvent_t: its last copy has finished
+  };
+  void free_all();
+  int device_;
+  uint64_t bytes_;
+  std::byte* data_ = nullptr;
+  void* stream_ = nullptr;  // cudaStream_t
+  std::vector<void*> events_;  // cudaEvent_t, interprocess
+  Staging staging_[2];
+  int current_ = 0;
+};
+
+// Consumer side: the producer's ring opened once, on the producer's GPU
+// found by UUID, and its slot events opened once.
+class ImportedRing {
+ public:
+  ImportedRing(const std::string& uuid, const std::string& memory_handle, uint64_t bytes,
+               const std::vector<std::string>& event_handles);
+  ImportedRing(const ImportedRing&) = delete;
+  ImportedRing& operator=(const ImportedRing&) = delete;
+  ~ImportedRing();  // closes the memory handle and the events
+
+  const std::byte* data() const { return data_; }
+  uint64_t size() const { return bytes_; }
+  int device() const { return device_; }
+  int events() const { return static_cast<int>(events_.size()); }
+  void* event(int index) const { return events_.at(static_cast<std::size_t>(index)); }
+  int64_t memory_opens() const { return memory_opens_; }
+  int64_t event_opens() const { return event_opens_; }
+
+ private:
+  void close_all();
+  int device_ = -1;
+  uint64_t bytes_;
+  std::byte* data_ = nullptr;
+  std::vector<void*> events_;
+  int64_t memory_opens_ = 0;
+  int64_t event_opens_ = 0;
+};
+
+// Consumer side: a slot goes back to the producer only once the GPU work that
+// used it is done. The caller records a pooled event on its stream where it
+// let go of the slot; a thread waits for it (blocking, not spinning) and then
+// calls `done(seq)`.
+class ReleaseWaiter {
+ public:
+  ReleaseWaiter(int device, std::function<void(uint64_t)> done);
+  ReleaseWaiter(const ReleaseWaiter&) = delete;
+  ReleaseWaiter& operator=(const ReleaseWaiter&) = delete;
+  ~ReleaseWaiter();  // waits for what is pending, then stops
+
+  // An event from the pool (cudaEvent_t) for the caller to record.
+  void* acquire();
+  // Hands a recorded event over: `done(seq)` follows its completion.
+  void add(uint64_t seq, void* event);
+  // Returns an event that was not recorded after all.
+  void discard(void* event);
+  int64_t pending() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace batchcast::cuda

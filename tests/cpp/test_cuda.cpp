@@ -1,0 +1,80 @@
+// The CUDA transport: what it says without a GPU (this runs everywhere), and
+// on a GPU machine the ring's one-copy write path, checked byte for byte.
+// Cross-process sharing is covered by tests/python/test_gpu.py.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "batchcast/cuda/transport.h"
+#include "batchcast/producer/producer.h"
+
+using namespace batchcast;
+
+TEST(Cuda, UuidsPrintLikeNvidiaSmi) {
+  std::string uuid;
+  for (int i = 0; i < 16; ++i) uuid.push_back(static_cast<char>(0xa0 + i));
+  EXPECT_EQ(cuda::uuid_text(uuid).size(), 4u + 32u + 4u);
+  if (cuda::built()) EXPECT_EQ(cuda::uuid_text(uuid), "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf");
+}
+
+TEST(Cuda, ServingFromAnInvisibleGpuIsAClearError) {
+  ProducerOptions options;
+  options.name = "cuda-missing";
+  options.runtime_dir = ::testing::TempDir() + "/bc-cuda";
+  options.cuda_device = cuda::device_count();  // one past the last visible device
+  try {
+    Producer producer(options);
+    FAIL() << "a producer started on a device that does not exist";
+  } catch (const CudaError& e) {
+    std::string what = e.what();
+    if (cuda::built()) {
+      EXPECT_NE(what.find("cuda:" + std::to_string(options.cuda_device)), std::string::npos) << what;
+      EXPECT_NE(what.find("GPU(s)"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("without its CUDA transport"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(Cuda, ImportingARingFromAnUnseenGpuNamesIt) {
+  if (!cuda::built()) GTEST_SKIP() << "built without the CUDA transport";
+  std::string uuid(16, '\x11');
+  try {
+    cuda::ImportedRing ring(uuid, std::string(64, '\0'), 4096, {std::string(64, '\0')});
+    FAIL() << "imported a ring from a GPU that does not exist";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU-11111111-1111-1111-1111-111111111111"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("CUDA_VISIBLE_DEVICES"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Cuda, RingCopiesStagedBytesExactlyOnce) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU tests need a GPU machine";
+  const uint64_t n = 3 << 20;
+  cuda::DeviceRing ring(0, 2 * n, 4);
+  EXPECT_EQ(ring.uuid(), cuda::device_uuid(0));
+  EXPECT_EQ(ring.memory_handle().size(), cuda::kHandleBytes);
+  EXPECT_EQ(ring.event_handles().size(), 4u);
+  // Two batches through the two staging buffers, the second at an offset.
+  for (int batch = 0; batch < 2; ++batch) {
+    std::byte* staged = ring.staging(n);
+    for (uint64_t i = 0; i < n; ++i) staged[i] = static_cast<std::byte>((i * 7 + batch) & 0xff);
+    ring.copy_in(staged, batch * n, n);
+    ring.commit(batch);
+  }
+  ring.synchronize();
+  at::Tensor on_gpu = at::from_blob(ring.data(), {static_cast<int64_t>(2 * n)},
+                                    at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0));
+  at::Tensor back = on_gpu.cpu();
+  const auto* p = back.data_ptr<uint8_t>();
+  for (int batch = 0; batch < 2; ++batch) {
+    for (uint64_t i = 0; i < n; i += 4099) {
+      ASSERT_EQ(p[batch * n + i], static_cast<uint8_t>((i * 7 + batch) & 0xff)) << batch << " " << i;
+    }
+  }
+  EXPECT_THROW(ring.copy_in(ring.staging(16), 2 * n - 8, 16), InvalidArgument);
+}

@@ -6,6 +6,7 @@
 
 from ._C import (
     PROTOCOL_VERSION,
+    CudaError,
     Error,
     Evicted,
     LoaderError,
@@ -19,8 +20,18 @@ from .producer import Producer
 
 __version__ = "0.1.0"
 
+
+def cuda_available() -> bool:
+    """Whether this batchcast can serve and receive batches in GPU memory here:
+    built with its CUDA transport, and at least one GPU visible."""
+    from ._C import cuda_built, cuda_device_count
+
+    return bool(cuda_built()) and cuda_device_count() > 0
+
+
 __all__ = [
     "Consumer",
+    "CudaError",
     "Error",
     "Evicted",
     "LoaderError",
@@ -30,4 +41,5 @@ __all__ = [
     "ProducerLost",
     "RebatchError",
     "Refused",
+    "cuda_available",
 ]

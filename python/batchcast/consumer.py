@@ -7,6 +7,7 @@ import warnings
 from typing import Any, Iterator
 
 from . import _C
+from ._device import parse_device
 from ._structure import unflatten
 
 
@@ -16,6 +17,14 @@ class Consumer:
     Tensors are read-only views of shared memory (modify copies, not them); they
     stay valid for as long as you hold them, and the producer reuses their
     memory only after every consumer has dropped them.
+
+    ``device`` says where batches arrive. By default, where the producer put
+    them: host shared memory, or the producer's GPU (zero-copy views; the
+    current CUDA stream waits for the producer's copy, and the memory is reused
+    only once that stream is past your last use of it, so use a batch on the
+    stream that was current when you took it). ``device="cuda:K"`` on another
+    GPU costs one GPU-to-GPU copy per loader batch; ``device="cpu"`` from a GPU
+    producer costs one device-to-host copy. ``stats()`` says which was chosen.
     """
 
     def __init__(
@@ -26,6 +35,7 @@ class Consumer:
         drop_last: bool = False,
         timeout: float = 30.0,
         late_join: str = "next_epoch",
+        device: Any = None,
         runtime_dir: str | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -35,8 +45,9 @@ class Consumer:
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
+        kind, cuda_device = ("", -1) if device is None else parse_device(device, "device")
         self._core = _C.Consumer(name, batch_size, self.drop_last, float(timeout),
-                                 runtime_dir or "", late_join == "catch_up")
+                                 runtime_dir or "", late_join == "catch_up", kind, cuda_device)
         self._stats: dict | None = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -95,5 +106,6 @@ class Consumer:
 
     def stats(self) -> dict:
         """Counters: batches and samples received, views vs copies, slots held,
-        dropped malformed messages."""
+        dropped malformed messages; the device batches arrive on, how they get
+        there (``transfer``) and the CUDA IPC handles opened (once, at join)."""
         return self._core.stats() if self._core is not None else dict(self._stats or {})

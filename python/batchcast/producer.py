@@ -7,6 +7,7 @@ import threading
 from typing import Any, Iterable
 
 from . import _C
+from ._device import parse_device
 from ._structure import flatten
 
 
@@ -29,6 +30,12 @@ class Producer:
     ``run()`` blocks and serves; ``start()``/``stop()`` (or ``with``) serve from a
     background thread. The loader is iterated exactly as a training loop would:
     one ``iter(loader)`` per epoch, nothing extra.
+
+    ``device="cpu"`` puts each batch once into host shared memory;
+    ``device="cuda:N"`` copies it once into a ring of GPU memory on that GPU,
+    shared with every consumer through CUDA IPC (the loader still returns CPU
+    tensors). A GPU ring is freed only after every consumer has let go of it:
+    ``close()`` waits up to ``linger`` seconds for that.
     """
 
     def __init__(
@@ -45,12 +52,11 @@ class Producer:
         straggler_timeout: float | None = None,
         catch_up_window: int | None = None,
         runtime_dir: str | None = None,
+        linger: float = 30.0,
     ) -> None:
-        if str(device) != "cpu":
-            raise ValueError(
-                f"device={device!r}: this batchcast build serves from host shared memory only; "
-                "use device='cpu' (consumers move batches to their GPU)"
-            )
+        kind, cuda_device = parse_device(device, "device")
+        if not (isinstance(linger, (int, float)) and linger >= 0):
+            raise ValueError(f"linger must be >= 0 seconds, not {linger!r}")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 0):
             raise ValueError(f"epochs must be None (serve until stopped) or an int >= 0, not {epochs!r}")
         if not isinstance(min_consumers, int) or min_consumers < 1:
@@ -69,7 +75,9 @@ class Producer:
             name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch),
             float(straggler_timeout or 0.0),
             -1 if catch_up_window is None else int(catch_up_window),
+            cuda_device if kind == "cuda" else -1, float(linger),
         )
+        self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict | None = None
@@ -147,8 +155,7 @@ class Producer:
         core, self._core = self._core, None
         if core is not None:
             self._stats = core.stats()
-            core.stop()
-            del core
+            core.close()  # a GPU ring: waits (up to linger) for consumers to let go of it
 
     def __enter__(self) -> "Producer":
         return self.start() if self._thread is None else self

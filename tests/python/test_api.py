@@ -183,13 +183,72 @@ def test_a_second_producer_with_the_same_name_is_refused(runtime_dir):
         ({"name": "bad/name"}, "invalid producer name"),
         ({"name": ""}, "invalid producer name"),
         ({"name": "ok", "epochs": -1}, "epochs must be"),
-        ({"name": "ok", "device": "cuda:0"}, "host shared memory only"),
+        ({"name": "ok", "device": "tpu"}, "is not a device|serves host memory"),
+        ({"name": "ok", "device": "meta"}, "serves host memory"),
+        ({"name": "ok", "linger": -1}, "linger must be"),
         ({"name": "ok", "slots": 1}, "slots must be at least 2"),
     ],
 )
 def test_bad_producer_arguments_are_clear_errors(runtime_dir, kwargs, match):
     with pytest.raises(ValueError, match=match):
         bc.Producer(id_batches(4, 2), **kwargs)
+
+
+@pytest.mark.skipif(bc.cuda_available(), reason="checks the error on machines without a GPU")
+def test_gpu_producer_without_a_gpu_says_why(runtime_dir):
+    with pytest.raises(bc.CudaError, match=r"cuda:0: this process sees 0 GPU\(s\)|without its CUDA transport"):
+        bc.Producer(id_batches(4, 2), "nogpu", device="cuda:0")
+    # The name is free again: nothing was left behind.
+    bc.Producer(id_batches(4, 2), "nogpu").close()
+
+
+def test_consumer_device_must_match_what_the_producer_serves(runtime_dir):
+    # Two epochs: the refused consumer had joined (and left) before it was refused.
+    with bc.Producer(id_batches(4, 2), "hostonly", epochs=2):
+        if not bc.cuda_available():
+            with pytest.raises(bc.CudaError, match=r"asked for cuda:0 but this process sees 0 GPU"):
+                bc.Consumer("hostonly", batch_size=4, device="cuda:0", timeout=10)
+        else:
+            with pytest.raises(ValueError, match="serves batches from host shared memory"):
+                bc.Consumer("hostonly", batch_size=4, device="cuda:0", timeout=10)
+        with bc.Consumer("hostonly", batch_size=4, device="cpu", timeout=10) as c:
+            assert [ids.tolist() for ids, _ in c] == [[0, 1, 2, 3]]
+            assert c.stats()["transfer"] == "shared-memory" and c.stats()["device"] == "cpu"
+            assert c.stats()["ipc_memory_opens"] == 0
+
+
+def test_a_consumer_joining_a_finished_producer_gets_an_empty_epoch(runtime_dir):
+    with bc.Producer(id_batches(4, 2), "done", epochs=1) as p:
+        with bc.Consumer("done", batch_size=2, timeout=10) as first:
+            assert [ids.tolist() for ids, _ in first] == [[0, 1], [2, 3]]
+        p._thread.join(10)  # served its one epoch and said Finished
+        assert not p._thread.is_alive()
+        with bc.Consumer("done", batch_size=2, timeout=10) as late:
+            with pytest.warns(RuntimeWarning, match="has finished serving"):
+                assert list(late) == []
+
+
+def test_a_closed_consumers_batches_stay_valid_while_the_others_go_on(runtime_dir):
+    # 40 loader batches through a ring of 5: the batch the closed consumer still
+    # holds must not be overwritten while the other consumer takes all 40.
+    with bc.Producer(id_batches(160, 4), "keep", epochs=1, slots=4, min_consumers=2) as p:
+        a = bc.Consumer("keep", batch_size=4, timeout=10)
+        b = bc.Consumer("keep", batch_size=4, timeout=10)
+        it = iter(a)
+        ids, rows = next(it)
+        a.close()
+        assert sum((x.tolist() for x, _ in b), []) == list(range(160))
+        assert ids.tolist() == [0, 1, 2, 3]
+        assert rows[:, 0].tolist() == [0.0, 10.0, 20.0, 30.0]
+        leaving = [c for c in p.stats()["consumers"] if c["leaving"]]
+        assert len(leaving) == 1 and leaving[0]["slots_held"] == 1, p.stats()["consumers"]
+        del ids, rows, it
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while any(c["leaving"] for c in p.stats()["consumers"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(c["leaving"] for c in p.stats()["consumers"]), "the producer still waits on it"
+        b.close()
 
 
 def test_bad_consumer_arguments_are_clear_errors(runtime_dir):
@@ -346,8 +405,9 @@ def test_garbage_on_the_producer_socket_is_dropped_and_counted(runtime_dir):
         rogue.connect(f"ipc://{runtime_dir}/rogue.sock")
         head = lambda version, kind: struct.pack("<IHH", 0x54534342, version, kind)  # noqa: E731
         garbage = [bytes(rng.randrange(256) for _ in range(rng.randrange(64))) for _ in range(50)]
-        garbage += [head(1, 1)[:5], head(1, 1) + b"\x01", head(1, 9) + struct.pack("<I", 1 << 30),
-                    head(1, 4) + b"\xff" * 100, b"", head(1, 99)]
+        v = bc.PROTOCOL_VERSION
+        garbage += [head(v, 1)[:5], head(v, 1) + b"\x01", head(v, 9) + struct.pack("<I", 1 << 30),
+                    head(v, 4) + b"\xff" * 100, b"", head(v, 99)]
         for g in garbage:
             rogue.send(g)
         rogue.send_multipart([b"two", b"frames"])
@@ -355,7 +415,7 @@ def test_garbage_on_the_producer_socket_is_dropped_and_counted(runtime_dir):
         assert rogue.poll(5000), "no refusal"
         refusal = rogue.recv()
         assert struct.unpack("<IHH", refusal[:8])[2] == 3  # Refuse
-        assert b"speaks batchcast protocol 1 but this consumer speaks 7" in refusal
+        assert f"speaks batchcast protocol {v} but this consumer speaks 7".encode() in refusal
         consumer = bc.Consumer("rogue", batch_size=10)
         assert sum((ids.tolist() for ids, _ in consumer), []) == list(range(100))
         stats = producer.stats()

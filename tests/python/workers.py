@@ -75,8 +75,8 @@ def check_values(batch) -> None:
         assert batch.meta["flag"].tolist() == [i % 2 == 0 for i in ids]
     else:
         image = batch[0]
-    want = torch.stack([expected_image(i) for i in ids]) if ids else image
-    assert torch.equal(image, want), "payload differs from its sample id"
+    want = torch.stack([expected_image(i) for i in ids]) if ids else image.cpu()
+    assert torch.equal(image.cpu(), want), "payload differs from its sample id"
 
 
 def produce(args: argparse.Namespace) -> None:
@@ -88,8 +88,9 @@ def produce(args: argparse.Namespace) -> None:
             return torch.stack([s[0] for s in samples]), [s[1] for s in samples]
     loader = DataLoader(ds, batch_size=args.loader_batch, shuffle=args.shuffle,
                         generator=generator, num_workers=args.workers, collate_fn=collate)
-    producer = bc.Producer(loader, args.name, epochs=args.epochs,
-                           min_consumers=args.min_consumers, slots=args.slots)
+    producer = bc.Producer(loader, args.name, epochs=args.epochs, device=args.device or "cpu",
+                           min_consumers=args.min_consumers, slots=args.slots,
+                           ring_bytes=args.ring_bytes)
     try:
         producer.run()
     finally:
@@ -98,7 +99,7 @@ def produce(args: argparse.Namespace) -> None:
 
 def consume(args: argparse.Namespace) -> None:
     consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
-                           timeout=args.timeout)
+                           timeout=args.timeout, device=args.device or None)
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid()}
     kept = []  # --keep: a user who stores batches instead of clones of them
     if args.ready:
@@ -123,9 +124,18 @@ def consume(args: argparse.Namespace) -> None:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
             result["sizes"].append(sizes)
+            if args.keep and args.check_kept:
+                # Every batch of the epoch is still referenced: none may have
+                # been overwritten while the producer went on.
+                time.sleep(args.check_kept)
+                for batch in kept:
+                    check_values(batch)
+                kept.clear()
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["stats"] = consumer.stats()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        result["cuda_memory_allocated"] = torch.cuda.memory_allocated()
     consumer.close()
     with open(args.out, "w") as f:
         json.dump(result, f)
@@ -152,6 +162,10 @@ def main() -> None:
     parser.add_argument("--check-values", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--check-kept", type=float, default=0.0,
+                        help="with --keep: after each epoch, wait this long, then check every kept batch")
+    parser.add_argument("--device", default="", help="producer: where the ring is; consumer: where batches go")
+    parser.add_argument("--ring-bytes", type=int, default=0)
     parser.add_argument("--write-in-place", action="store_true")
     parser.add_argument("--ready", default="", help="file to create once joined")
     parser.add_argument("--out", default="")

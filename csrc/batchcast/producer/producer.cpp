@@ -56,7 +56,12 @@ Producer::Producer(ProducerOptions options)
   io_ = std::thread([this] { serve(); });
 }
 
-Producer::~Producer() {
+Producer::~Producer() { close(); }
+
+void Producer::close() {
+  std::lock_guard<std::mutex> closing(close_mu_);
+  if (closed_) return;
+  closed_ = true;
   stop();
   {
     // Whatever way this producer ends, its consumers hear of it: mid-epoch they
@@ -64,7 +69,7 @@ Producer::~Producer() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!finished_) {
       finished_ = true;
-      outbox_.push_back(Outgoing{Route::Everyone, -1, 0,
+      outbox_.push_back(Outgoing{Route::Finish, -1, 0,
                                  protocol::encode(protocol::Finished{epochs_done_})});
     }
   }
@@ -75,6 +80,7 @@ Producer::~Producer() {
   gpu_.reset();
   router_.close();
   context_.close();
+  lock_.reset();  // the name is free again
 }
 
 // Freeing GPU memory that another process still maps is undefined behaviour in
@@ -291,7 +297,7 @@ void Producer::finish() {
   std::unique_lock<std::mutex> lock(mu_);
   if (finished_) return;
   finished_ = true;
-  outbox_.push_back(Outgoing{Route::Everyone, -1, 0, protocol::encode(protocol::Finished{epochs_done_})});
+  outbox_.push_back(Outgoing{Route::Finish, -1, 0, protocol::encode(protocol::Finished{epochs_done_})});
   wakeup_.notify();
   // Return once the I/O thread has handed everything to ZeroMQ.
   changed_.wait_for(lock, std::chrono::seconds(5), [&] { return outbox_.empty(); });
@@ -428,6 +434,10 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     w.samples_per_epoch = options_.samples_per_epoch;
     w.slots = options_.slots;
     send_to(peer, protocol::encode(w));
+    if (!finished_bytes_.empty()) {  // nothing more will come: say so at once
+      send_to(peer, finished_bytes_);
+      return;
+    }
     if (m.first_epoch == delivered_epoch_) {
       for (const auto& [seq, bytes] : retained_) {
         held_[seq].holders.insert(peer);
@@ -438,7 +448,12 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     return;
   }
   if (member == members_.end()) {
-    stats_.dropped_messages += 1;
+    // Late words of a consumer already forgotten (it unmapped, was evicted or
+    // timed out) are expected; anything else is not.
+    if (!std::holds_alternative<protocol::Release>(msg) && !std::holds_alternative<protocol::Bye>(msg) &&
+        !std::holds_alternative<protocol::Unmapped>(msg)) {
+      stats_.dropped_messages += 1;
+    }
     return;
   }
   if (const auto* release = std::get_if<protocol::Release>(&msg)) {
@@ -448,8 +463,9 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     member->second.leaving = true;
     forget_if_done(peer);
   } else if (std::holds_alternative<protocol::Unmapped>(msg)) {
-    member->second.mapped = false;
-    forget_if_done(peer);
+    // It references nothing: holds left are announcements it never took.
+    if (!member->second.leaving) stats_.leaves += 1;
+    remove_member(peer, Departure::Gone);
   } else {
     stats_.dropped_messages += 1;
   }
@@ -492,8 +508,11 @@ void Producer::deliver(Outgoing& out) {
         if (m.first_epoch <= out.epoch && !m.leaving) send_to(peer, out.bytes);
       }
       break;
+    case Route::Finish:
+      finished_bytes_ = out.bytes;  // for consumers that join later
+      [[fallthrough]];
     case Route::Ring:
-    case Route::Everyone:  // LoaderFailed, Finished
+    case Route::Everyone:  // LoaderFailed
       for (auto& [peer, m] : members_) {
         if (m.leaving) continue;
         if (out.route == Route::Ring && ring_.on_gpu()) m.mapped = true;
@@ -541,7 +560,7 @@ void Producer::remove_member(const std::string& peer, Departure how) {
   members_.erase(peer);
   for (uint64_t seq : held) drop_holder(seq, peer);
   switch (how) {
-    case Departure::Left: stats_.leaves += 1; break;
+    case Departure::Gone: break;  // counted as a leave when it said so
     case Departure::Crashed: stats_.crashes += 1; break;
     case Departure::Evicted: stats_.evictions += 1; break;
   }

@@ -91,6 +91,9 @@ class Producer {
   void finish();
   // Safe from any thread: wakes and fails every blocked call.
   void stop();
+  // Stops, tells consumers, and frees everything (the destructor does this too).
+  // A GPU ring is freed once every consumer has let go of it, or after `linger`.
+  void close();
 
   ProducerStats stats() const;
   std::string endpoint() const { return endpoint_; }
@@ -111,7 +114,7 @@ class Producer {
     std::chrono::steady_clock::time_point since;
   };
   // What the I/O thread sends, in order, and to whom.
-  enum class Route { EpochBegin, Batch, EpochEnd, Ring, Everyone };
+  enum class Route { EpochBegin, Batch, EpochEnd, Ring, Finish, Everyone };
   struct Outgoing {
     Route route;
     int64_t epoch = -1;
@@ -123,7 +126,7 @@ class Producer {
   void handle(const std::string& peer, const void* data, std::size_t size);
   void deliver(Outgoing& out);
   void send_to(const std::string& peer, const std::string& bytes);
-  enum class Departure { Left, Crashed, Evicted };
+  enum class Departure { Gone, Crashed, Evicted };
   void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
   void free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot);
@@ -170,7 +173,10 @@ class Producer {
   ProducerStats stats_;
   bool stopping_ = false;
   bool finished_ = false;  // Finished was queued
+  std::string finished_bytes_;  // Finished, once delivered
   std::atomic<bool> quit_io_{false};
+  std::mutex close_mu_;
+  bool closed_ = false;
   std::thread io_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/consumer.h"
+#include "batchcast/cuda/transport.h"
 #include "batchcast/producer/producer.h"
 
 namespace py = pybind11;
@@ -53,6 +54,7 @@ py::dict producer_stats(const ProducerStats& s) {
     d["first_epoch"] = c.first_epoch;
     d["slots_held"] = c.slots_held;
     d["batches_sent"] = c.batches_sent;
+    d["leaving"] = c.leaving;
     consumers.append(d);
   }
   py::dict d;
@@ -67,6 +69,7 @@ py::dict producer_stats(const ProducerStats& s) {
   d["refused"] = s.refused;
   d["dropped_messages"] = s.dropped_messages;
   d["ring_bytes"] = s.ring_bytes;
+  d["ring_device"] = s.ring_device;
   d["slots_in_use"] = s.slots_in_use;
   d["consumers"] = consumers;
   return d;
@@ -84,6 +87,11 @@ py::dict consumer_stats(const ConsumerStats& s) {
   d["spills"] = s.spills;
   d["slots_held"] = s.slots_held;
   d["dropped_messages"] = s.dropped_messages;
+  d["device"] = s.device;
+  d["transfer"] = s.transfer;
+  d["ipc_memory_opens"] = s.ipc_memory_opens;
+  d["ipc_event_opens"] = s.ipc_event_opens;
+  d["transfers"] = s.transfers;
   return d;
 }
 
@@ -102,6 +110,9 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<RebatchError>(m, "RebatchError", error.ptr());
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
   py::register_exception<Evicted>(m, "Evicted", error.ptr());
+  py::register_exception<CudaError>(m, "CudaError", error.ptr());
+  m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
+  m.def("cuda_device_count", &cuda::device_count, "GPUs visible to this process (0 without a driver)");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -113,14 +124,15 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Producer>(m, "Producer")
       .def(py::init([](const std::string& name, const std::string& runtime_dir, int64_t slots,
                        uint64_t ring_bytes, int64_t samples_per_epoch, double straggler_timeout,
-                       int64_t catch_up_window) {
+                       int64_t catch_up_window, int cuda_device, double linger) {
              return std::make_unique<Producer>(ProducerOptions{name, runtime_dir, slots, ring_bytes,
                                                                samples_per_epoch, straggler_timeout,
-                                                               catch_up_window});
+                                                               catch_up_window, cuda_device, linger});
            }),
            py::arg("name"), py::arg("runtime_dir") = "", py::arg("slots") = 8,
            py::arg("ring_bytes") = 0, py::arg("samples_per_epoch") = -1,
-           py::arg("straggler_timeout") = 0.0, py::arg("catch_up_window") = -1)
+           py::arg("straggler_timeout") = 0.0, py::arg("catch_up_window") = -1,
+           py::arg("cuda_device") = -1, py::arg("linger") = 30.0)
       .def("wait_for_consumers", &Producer::wait_for_consumers, py::arg("count"),
            py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("begin_epoch", &Producer::begin_epoch)
@@ -134,19 +146,31 @@ PYBIND11_MODULE(_C, m) {
       .def("fail", &Producer::fail)
       .def("finish", &Producer::finish, py::call_guard<py::gil_scoped_release>())
       .def("stop", &Producer::stop)
+      .def("close", &Producer::close, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const Producer& p) { return producer_stats(p.stats()); })
       .def("consumer_count", &Producer::consumer_count)
       .def_property_readonly("endpoint", &Producer::endpoint);
 
   py::class_<Consumer>(m, "Consumer")
       .def(py::init([](const std::string& name, int64_t batch_size, bool drop_last, double timeout,
-                       const std::string& runtime_dir, bool catch_up) {
+                       const std::string& runtime_dir, bool catch_up, const std::string& device,
+                       int cuda_device) {
+             Placement placement = Placement::Auto;
+             if (device == "cpu") {
+               placement = Placement::Host;
+             } else if (device == "cuda") {
+               placement = Placement::Cuda;
+             } else if (!device.empty()) {
+               throw InvalidArgument("device must be '', 'cpu' or 'cuda'");
+             }
              py::gil_scoped_release release;
-             return std::make_unique<Consumer>(
-                 ConsumerOptions{name, batch_size, drop_last, timeout, catch_up, runtime_dir});
+             return std::make_unique<Consumer>(ConsumerOptions{name, batch_size, drop_last, timeout,
+                                                               catch_up, runtime_dir, placement,
+                                                               cuda_device});
            }),
            py::arg("name"), py::arg("batch_size"), py::arg("drop_last") = false,
-           py::arg("timeout") = 30.0, py::arg("runtime_dir") = "", py::arg("catch_up") = false)
+           py::arg("timeout") = 30.0, py::arg("runtime_dir") = "", py::arg("catch_up") = false,
+           py::arg("device") = "", py::arg("cuda_device") = -1)
       .def("begin_epoch", &Consumer::begin_epoch, py::call_guard<py::gil_scoped_release>())
       .def("next",
            [](Consumer& c) -> py::object {

@@ -1,0 +1,335 @@
+"""Training throughput with N consumers on one GPU: one shared batchcast
+pipeline vs each trainer with its own DataLoader vs data already on the GPU.
+
+    python benchmarks/gpu.py [--consumers 1 2 4] [--steps 60] [--loader-cpus 2]
+
+Every trainer is a separate process training a small ResNet-style model on
+64x64 images (batch 64). The loader is CPU-bound (the SyntheticImages
+pipeline) and all loading -- the producer's workers, or every trainer's own
+workers -- runs on the same `--loader-cpus` cores, as on a box whose CPUs can
+feed one model: that is the bottleneck batchcast removes. Columns:
+
+  shared     one Producer(device=cuda:0) + N Consumers (zero-copy views)
+  own        each trainer with its own DataLoader (+ pin_memory, .cuda())
+  resident   batches already on the GPU: the upper bound (no loading at all)
+
+Aggregate samples/s are medians over --repeats runs with [min, max]. Also:
+per-batch consumer overhead (one Consumer.__next__ with the batch already
+announced: stream wait + views + structure), and GPU memory for data (the
+ring, once, vs a batch per trainer). Results go to
+benchmarks/results/gpu.json. `--device cpu` runs the same thing without a GPU
+(a smoke test of the script; the numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+HERE = Path(__file__).resolve().parent
+BATCH = 64
+SIZE = 64
+
+
+# ---- the model --------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.skip(x))
+
+
+def small_resnet(classes: int = 10) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2), Block(128, 128, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes))
+
+
+# ---- roles (each a process) ----------------------------------------------
+def pin_to(cpus: list[int]):
+    def init(_worker_id: int = 0) -> None:
+        os.sched_setaffinity(0, cpus)
+    return init
+
+
+def make_loader(args, length: int):
+    from torch.utils.data import DataLoader
+
+    from batchcast.synthetic import SyntheticImages
+
+    return DataLoader(SyntheticImages(length, SIZE), batch_size=BATCH, num_workers=args.workers,
+                      worker_init_fn=pin_to(args.loader_cpu_list), persistent_workers=False,
+                      pin_memory=args.device != "cpu" and args.mode == "own")
+
+
+def role_serve(args) -> None:
+    import batchcast as bc
+
+    loader = make_loader(args, args.samples)
+    producer = bc.Producer(loader, args.name, device=args.device, epochs=1,
+                           min_consumers=args.consumers, slots=args.slots)
+    producer.run()
+    print(json.dumps({"producer": producer.stats()}), flush=True)
+
+
+def role_train(args) -> None:
+    os.sched_setaffinity(0, args.trainer_cpu_list)
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = small_resnet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if args.mode == "shared":
+        import batchcast as bc
+
+        batches = bc.Consumer(args.name, batch_size=BATCH, timeout=120)
+    elif args.mode == "own":
+        batches = make_loader(args, args.samples)
+    else:  # resident: a few distinct batches, generated on the device up front
+        from batchcast.synthetic import SyntheticImages
+
+        ds = SyntheticImages(8 * BATCH, SIZE)
+        resident = []
+        for k in range(8):
+            samples = [ds[i] for i in range(k * BATCH, (k + 1) * BATCH)]
+            resident.append((torch.stack([s[0] for s in samples]).to(device),
+                             torch.tensor([s[1] for s in samples]).to(device)))
+        batches = [resident[i % 8] for i in range(args.samples // BATCH)]
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    step, t0, next_s, data_bytes = 0, None, [], 0
+    iterator = iter(batches)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        next_s.append(time.perf_counter() - t)
+        images, labels = batch[0], batch[1]
+        if args.mode == "own" and device.type == "cuda":
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+        data_bytes = max(data_bytes, images.numel() * images.element_size())
+        loss = nn.functional.cross_entropy(model(images), labels.long())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step == args.warmup:
+            sync()
+            t0 = time.perf_counter()
+    sync()
+    seconds = time.perf_counter() - t0 if t0 else float("nan")
+    out = {"samples": (step - args.warmup) * BATCH, "seconds": seconds,
+           "next_median_us": statistics.median(next_s[args.warmup:]) * 1e6 if len(next_s) > args.warmup else None,
+           "data_bytes_per_batch": data_bytes}
+    if args.mode == "shared":
+        out["consumer"] = batches.stats()
+        batches.close()
+    print(json.dumps(out), flush=True)
+
+
+def role_overhead(args) -> None:
+    """Consumer.__next__ with every batch already in the ring and announced."""
+    import batchcast as bc
+
+    consumer = bc.Consumer(args.name, batch_size=BATCH, timeout=60)
+    time.sleep(3.0)  # the producer fills the ring meanwhile (in lockstep it then waits)
+    times = []
+    it = iter(consumer)
+    for _ in range(args.slots - 2):
+        t = time.perf_counter()
+        batch = next(it)
+        times.append(time.perf_counter() - t)
+        del batch
+    for _ in it:
+        pass
+    consumer.close()
+    times.sort()
+    print(json.dumps({"overhead_us": [x * 1e6 for x in times]}), flush=True)
+
+
+def role_serve_memory(args) -> None:
+    """A producer of pre-made batches (no loading cost), for the overhead run."""
+    import batchcast as bc
+    from batchcast.synthetic import SyntheticImages
+
+    ds = SyntheticImages(BATCH, SIZE)
+    samples = [ds[i] for i in range(BATCH)]
+    batch = (torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples]))
+    producer = bc.Producer([batch] * (3 * args.slots), args.name, device=args.device, epochs=1,
+                           slots=args.slots)
+    producer.run()
+
+
+# ---- the driver ---------------------------------------------------------------
+def spawn(args, role: str, **extra) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--role", role, "--device", args.device,
+           "--workers", str(args.workers), "--loader-cpus", args.loader_cpus,
+           "--trainer-cpus", args.trainer_cpus, "--slots", str(args.slots),
+           "--warmup", str(args.warmup)]
+    for k, v in extra.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def last_json(p: subprocess.Popen, timeout: float) -> dict:
+    out, _ = p.communicate(timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{p.args[3:5]} exited {p.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def gpu_used() -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(0)
+    return total - free
+
+
+def run_once(args, mode: str, n: int) -> dict:
+    name = "bench-" + uuid.uuid4().hex[:8]
+    samples = (args.steps + args.warmup) * BATCH
+    base = gpu_used()
+    server = spawn(args, "serve", name=name, consumers=n, samples=samples) if mode == "shared" else None
+    trainers = [spawn(args, "train", name=name, mode=mode, samples=samples) for _ in range(n)]
+    peak = base
+    while any(t.poll() is None for t in trainers):
+        used = gpu_used()
+        if used is not None:
+            peak = max(peak, used)
+        time.sleep(0.2)
+    results = [last_json(t, 60) for t in trainers]
+    producer = last_json(server, 120)["producer"] if server else None
+    rate = sum(r["samples"] / r["seconds"] for r in results)
+    data = producer["ring_bytes"] if producer else (
+        0 if mode == "resident" else sum(r["data_bytes_per_batch"] for r in results))
+    return {"aggregate": rate, "per_trainer": [r["samples"] / r["seconds"] for r in results],
+            "next_median_us": [r["next_median_us"] for r in results],
+            "gpu_used_peak_bytes": None if base is None else peak - base,
+            "data_gpu_bytes": data,
+            "consumers": [r.get("consumer") for r in results]}
+
+
+def overhead(args) -> list[float]:
+    name = "bench-" + uuid.uuid4().hex[:8]
+    server = spawn(args, "serve_memory", name=name)
+    consumer = spawn(args, "overhead", name=name)
+    times = last_json(consumer, 120)["overhead_us"]
+    server.wait(60)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="driver")
+    ap.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--modes", nargs="+", default=["shared", "own", "resident"])
+    ap.add_argument("--steps", type=int, default=60, help="timed training steps per trainer")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers per loader")
+    ap.add_argument("--loader-cpus", default="0-1", help="cores all loading shares")
+    ap.add_argument("--trainer-cpus", default="", help="cores for trainers (default: the others)")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
+    # role-only
+    ap.add_argument("--name", default="")
+    ap.add_argument("--mode", default="shared")
+    ap.add_argument("--samples", type=int, default=0)
+    args = ap.parse_args()
+
+    def cpus(text: str) -> list[int]:
+        out = []
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            out += list(range(int(lo), int(hi or lo) + 1))
+        return out
+
+    args.loader_cpu_list = cpus(args.loader_cpus)
+    every = sorted(os.sched_getaffinity(0))
+    args.trainer_cpu_list = cpus(args.trainer_cpus) or [c for c in every if c not in args.loader_cpu_list] or every
+    if not args.trainer_cpus:
+        args.trainer_cpus = ",".join(map(str, args.trainer_cpu_list))
+    if args.role != "driver":
+        {"serve": role_serve, "train": role_train, "overhead": role_overhead,
+         "serve_memory": role_serve_memory}[args.role](args)
+        return
+
+    if args.device != "cpu" and not torch.cuda.is_available():
+        sys.exit("no CUDA GPU visible: run on a GPU machine, or pass --device cpu for a smoke test")
+    env = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if args.device != "cpu" else None,
+        "cpus": os.cpu_count(),
+        "loader_cpus": args.loader_cpus,
+        "workers_per_loader": args.workers,
+        "batch": BATCH,
+        "image": [3, SIZE, SIZE],
+        "python": platform.python_version(),
+    }
+    print(json.dumps(env))
+    table: dict = {}
+    for n in args.consumers:
+        for mode in args.modes:
+            runs = [run_once(args, mode, n) for _ in range(args.repeats)]
+            rates = [r["aggregate"] for r in runs]
+            table[f"{mode}/{n}"] = {"median": statistics.median(rates), "min": min(rates),
+                                    "max": max(rates), "runs": runs}
+            print(f"  {mode:8s} N={n}: {statistics.median(rates):8.0f} samples/s "
+                  f"[{min(rates):.0f}, {max(rates):.0f}]", flush=True)
+    over = overhead(args)
+
+    mib = 1 << 20
+    print(f"\nSamples/s, aggregate over N trainers (median [min, max] of {args.repeats}); "
+          f"all loading on cores {args.loader_cpus}")
+    print(f"{'N':>3} | {'batchcast shared':>22} | {'own DataLoaders':>22} | {'resident (bound)':>22} | "
+          f"{'shared/own':>10} | {'GPU data MiB shared / own':>26}")
+    for n in args.consumers:
+        cells = []
+        for mode in ("shared", "own", "resident"):
+            t = table.get(f"{mode}/{n}")
+            cells.append(f"{t['median']:8.0f} [{t['min']:.0f}, {t['max']:.0f}]" if t else "-")
+        s, o = table.get(f"shared/{n}"), table.get(f"own/{n}")
+        ratio = f"{s['median'] / o['median']:.2f}x" if s and o else "-"
+        mem = (f"{s['runs'][0]['data_gpu_bytes'] / mib:.1f} / {o['runs'][0]['data_gpu_bytes'] / mib:.1f}"
+               if s and o else "-")
+        print(f"{n:>3} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>22} | {ratio:>10} | {mem:>26}")
+    q = lambda p: over[min(len(over) - 1, int(p * len(over)))]  # noqa: E731
+    print(f"\nConsumer overhead per batch (next() with the batch already announced, "
+          f"n={len(over)}): median {statistics.median(over):.1f} us [p10 {q(0.1):.1f}, p90 {q(0.9):.1f}]")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"env": env, "table": table, "overhead_us": over}, indent=1))
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

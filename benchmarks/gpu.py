@@ -88,7 +88,7 @@ def role_serve(args) -> None:
 
     loader = make_loader(args, args.samples)
     producer = bc.Producer(loader, args.name, device=args.device, epochs=1,
-                           min_consumers=args.consumers, slots=args.slots)
+                           min_consumers=args.consumers[0], slots=args.slots)
     producer.run()
     print(json.dumps({"producer": producer.stats()}), flush=True)
 
@@ -220,6 +220,10 @@ def run_once(args, mode: str, n: int) -> dict:
     trainers = [spawn(args, "train", name=name, mode=mode, samples=samples) for _ in range(n)]
     peak = base
     while any(t.poll() is None for t in trainers):
+        if server is not None and server.poll() not in (None, 0):
+            for t in trainers:
+                t.kill()
+            raise RuntimeError(f"the producer exited {server.returncode}")
         used = gpu_used()
         if used is not None:
             peak = max(peak, used)
@@ -238,8 +242,8 @@ def run_once(args, mode: str, n: int) -> dict:
 
 def overhead(args) -> list[float]:
     name = "bench-" + uuid.uuid4().hex[:8]
-    server = spawn(args, "serve_memory", name=name)
-    consumer = spawn(args, "overhead", name=name)
+    server = spawn(args, "serve_memory", name=name, slots=args.overhead_slots)
+    consumer = spawn(args, "overhead", name=name, slots=args.overhead_slots)
     times = last_json(consumer, 120)["overhead_us"]
     server.wait(60)
     return times
@@ -257,6 +261,7 @@ def main() -> None:
     ap.add_argument("--loader-cpus", default="0-1", help="cores all loading shares")
     ap.add_argument("--trainer-cpus", default="", help="cores for trainers (default: the others)")
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--overhead-slots", type=int, default=64, help="ring slots for the overhead run")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
     # role-only

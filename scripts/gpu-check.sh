@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU check, on a machine with an NVIDIA GPU and a CUDA build of torch:
+# builds batchcast against that torch (CMake + Ninja, no pip, no network),
+# runs the C++ and Python GPU tests, then the GPU benchmark, and writes
+# everything under OUT_DIR (default: gpu-results/). A few minutes in all.
+#
+#   bash scripts/gpu-prepare.sh                      # where a registry is: ZeroMQ etc.
+#   source .device/unpack.sh && bash scripts/gpu-check.sh OUT_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
+PY=${PYTHON:-python3}
+BUILD=build/gpu
+STAGE=$BUILD/stage
+status=0
+step() { echo; echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+step "machine"
+{
+  date -Is
+  nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+  nproc
+} 2>&1 | tee "$OUT/machine.txt"
+
+step "build"
+tests=OFF
+prefix=${CMAKE_PREFIX_PATH:-/usr}
+if [ -f "${prefix%%:*}/lib/x86_64-linux-gnu/libgtest.a" ] || [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ]; then
+  tests=ON
+fi
+configure() {
+  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
+    -DBATCHCAST_WITH_CUDA=ON -DBATCHCAST_BUILD_TESTS=$1 > "$OUT/configure.txt" 2>&1
+}
+if ! configure $tests; then
+  echo "configure with tests=$tests failed (see configure.txt); retrying without C++ tests" | tee -a "$OUT/summary.txt"
+  tests=OFF
+  rm -rf $BUILD
+  configure OFF || { echo "configure failed" | tee -a "$OUT/summary.txt"; tail -30 "$OUT/configure.txt"; exit 1; }
+fi
+if ! cmake --build $BUILD -j "$(nproc)" > "$OUT/build.txt" 2>&1; then
+  echo "build failed" | tee -a "$OUT/summary.txt"
+  grep -E "error|Error" "$OUT/build.txt" | head -40
+  exit 1
+fi
+rm -rf $STAGE && mkdir -p $STAGE/batchcast
+cp python/batchcast/*.py $STAGE/batchcast/
+cp $BUILD/_C*.so $STAGE/batchcast/
+export PYTHONPATH="$PWD/$STAGE${PYTHONPATH:+:$PYTHONPATH}"
+$PY -c "import batchcast as bc; print('cuda_available', bc.cuda_available())" | tee -a "$OUT/summary.txt"
+
+if [ "$tests" = ON ]; then
+  step "C++ tests"
+  (cd $BUILD && timeout 300 ctest --output-on-failure) > "$OUT/ctest.txt" 2>&1 || status=1
+  tail -5 "$OUT/ctest.txt" | tee -a "$OUT/summary.txt"
+fi
+
+step "Python tests (GPU, then the API suite)"
+timeout 420 $PY -m pytest -p no:cacheprovider -v -rs tests/python/test_gpu.py tests/python/test_api.py \
+  > "$OUT/pytest.txt" 2>&1 || status=1
+grep -E "passed|failed|PASSED|FAILED|SKIPPED|ERROR" "$OUT/pytest.txt" | tail -40 | tee -a "$OUT/summary.txt"
+
+step "GPU benchmark"
+timeout 600 $PY benchmarks/gpu.py --out "$OUT/gpu.json" > "$OUT/benchmark.txt" 2>&1 || status=1
+tail -15 "$OUT/benchmark.txt" | tee -a "$OUT/summary.txt"
+
+step "done: status $status"
+exit $status

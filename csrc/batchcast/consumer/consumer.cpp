@@ -56,20 +56,36 @@ class Channel : public ReleaseSink {
     context_.close();
   }
 
-  // GPU ring: record where the stream let go of the slot; the waiter sends
+  // GPU ring: record where the streams let go of the slot; the waiter sends
   // the release once the GPU is past it. Never throws (runs in deleters).
+  // `waiter_` is read unlocked: it exists while any token does (held_ > 0).
   void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override {
     if (stream && waiter_) {
       void* event = nullptr;
+      void* first = nullptr;
+      c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
       try {
         event = waiter_->acquire();
-        c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
-        gpu.record(&event, *stream, stream->device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+        // The batch was taken on `stream`; it may have been used since on the
+        // stream current here (a prefetching pattern): cover both.
+        const c10::Stream current = gpu.getStream(stream->device());
+        if (current != *stream) {
+          first = waiter_->acquire();
+          gpu.record(&first, *stream, stream->device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+          gpu.block(first, current);
+          waiter_->discard(first);  // re-recording it later cannot affect this wait
+        }
+        gpu.record(&event, current, current.device_index(), c10::EventFlag::PYTORCH_DEFAULT);
         waiter_->add(seq, event);
         return;
       } catch (...) {
-        // The process is tearing CUDA down: nothing runs on the stream any more.
+        // CUDA is failing (the process is exiting?): wait for the stream if it
+        // still can, rather than hand back memory the GPU may still read.
         if (event != nullptr) waiter_->discard(event);
+        try {
+          gpu.synchronizeStream(*stream);
+        } catch (...) {
+        }
       }
     }
     released(seq);
@@ -272,6 +288,10 @@ class Channel : public ReleaseSink {
 
   // Under mu_.
   void open_ring(const protocol::Ring& ring) {
+    if (ring.on_gpu() && welcome_->producer_pid == ::getpid()) {
+      throw CudaError("a consumer cannot map a GPU ring of a producer in its own process (CUDA IPC "
+                      "handles open only in other processes); run the producer in another process");
+    }
     if (ring.on_gpu()) {
       gpu_ = std::make_unique<cuda::ImportedRing>(ring.gpu_uuid, ring.memory_handle, ring.bytes,
                                                   ring.event_handles);
@@ -299,6 +319,10 @@ class Channel : public ReleaseSink {
     } else if (auto* r = std::get_if<protocol::Refuse>(&m)) {
       refusal_ = r->reason.empty() ? "the producer refused this consumer" : r->reason;
     } else if (auto* ready = std::get_if<protocol::RingReady>(&m)) {
+      if (welcome_ && ring_open() && welcome_->ring.exists() && welcome_->ring.bytes == ready->ring.bytes &&
+          welcome_->ring.fd == ready->ring.fd && welcome_->ring.memory_handle == ready->ring.memory_handle) {
+        return;  // joined between the ring's creation and its announcement: already open
+      }
       if (!welcome_ || ring_open() || ready->ring.gpu_uuid != welcome_->ring.gpu_uuid) {
         throw MalformedMessage("unexpected ring");
       }
@@ -406,6 +430,11 @@ void Consumer::place(const protocol::Ring& ring) {
     transfer_ = Transfer::SharedMemory;
     device_ = c10::kCPU;
     return;
+  }
+  if (!at::hasCUDA()) {
+    throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
+                    " but the torch in this process has no CUDA support; install a CUDA build of "
+                    "torch here");
   }
   ring_device_ = cuda::device_with_uuid(ring.gpu_uuid);
   if (ring_device_ < 0) {
@@ -516,13 +545,15 @@ void Consumer::receive(protocol::Announcement& a) {
     rebatcher_.push(LoaderBatch{std::move(a), ring.base, std::move(token), {}, c10::kCPU});
     return;
   }
+  // The token first: whatever throws below, the slot is released.
+  auto token = channel_->hold(a.seq, channel_);
   if (ring.gpu == nullptr) throw ProducerLost("the GPU ring of producer '" + options_.name + "' is closed");
   c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
   const c10::Device ring_device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ring_device_));
   const c10::Stream stream = gpu.getStream(ring_device);
+  token->set_stream(stream);
   gpu.block(ring.gpu->event(a.event), stream);
   if (transfer_ == Transfer::View) {
-    auto token = channel_->hold(a.seq, channel_, stream);
     rebatcher_.push(LoaderBatch{std::move(a), ring.base, std::move(token), {}, ring_device});
     return;
   }
@@ -541,8 +572,7 @@ void Consumer::receive(protocol::Announcement& a) {
     }
   }
   transfers_ += 1;
-  channel_->hold(a.seq, channel_,
-                 transfer_ == Transfer::DeviceToHost ? std::nullopt : std::optional<c10::Stream>(stream));
+  token.reset();  // released once the stream is past the copy (to host: already done)
   batch.announcement = std::move(a);
   rebatcher_.push(std::move(batch));
 }

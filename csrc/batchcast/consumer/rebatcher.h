@@ -37,6 +37,8 @@ class ReleaseToken {
   ReleaseToken& operator=(const ReleaseToken&) = delete;
   ~ReleaseToken() { sink_->release(seq_, stream_); }
   uint64_t seq() const { return seq_; }
+  // The GPU stream the slot's memory is used on (set before it is used).
+  void set_stream(const c10::Stream& stream) { stream_ = stream; }
 
  private:
   uint64_t seq_;

@@ -21,17 +21,51 @@ void check(cudaError_t status, const char* call) {
   }
 }
 
-// Makes `device` current for a scope, restoring the caller's device after.
+// Whether `device` already has its primary context. A thread that never chose
+// a device reports device 0; switching back to it would create a context
+// there (hundreds of MB) in a process that never used that GPU.
+bool has_context(int device) {
+  using GetState = int (*)(int, unsigned int*, int*);  // cuDevicePrimaryCtxGetState
+  static GetState get_state = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<GetState>(fn);
+  }();
+  if (get_state == nullptr) return true;  // cannot tell: restore as asked
+  unsigned int flags = 0;
+  int active = 0;
+  if (get_state(device, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
+// Makes `device` current for a scope. The caller's device is restored only
+// if it has a context already: batchcast never creates one on another GPU.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  explicit DeviceScope(int device, bool checked = true) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      cudaError_t status = cudaSetDevice(device);
+      if (checked) check(status, "cudaSetDevice");
+      changed_ = status == cudaSuccess;
+    }
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {
+    if (changed_ && previous_ >= 0 && has_context(previous_)) cudaSetDevice(previous_);
+  }
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;
+  bool changed_ = false;
 };
 
 cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
@@ -120,9 +154,7 @@ DeviceRing::DeviceRing(int device, uint64_t bytes, int events) : device_(device)
 DeviceRing::~DeviceRing() { free_all(); }
 
 void DeviceRing::free_all() {
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
+  DeviceScope scope(device_, false);
   if (stream_ != nullptr) cudaStreamSynchronize(as_stream(stream_));
   for (Staging& s : staging_) {
     if (s.data != nullptr) cudaFreeHost(s.data);
@@ -136,7 +168,6 @@ void DeviceRing::free_all() {
   if (data_ != nullptr) cudaFree(data_);
   data_ = nullptr;
   cudaGetLastError();
-  cudaSetDevice(previous);
 }
 
 std::string DeviceRing::uuid() const { return device_uuid(device_); }
@@ -161,11 +192,13 @@ std::vector<std::string> DeviceRing::event_handles() const {
   return out;
 }
 
+// Per batch, only stream-ordered calls on the ring's own stream and events,
+// which need no current device: the caller's thread keeps its device.
 std::byte* DeviceRing::staging(uint64_t bytes) {
-  DeviceScope scope(device_);
   Staging& s = staging_[current_];
   check(cudaEventSynchronize(as_event(s.done)), "cudaEventSynchronize (staging)");
   if (s.bytes < bytes) {
+    DeviceScope scope(device_);
     if (s.data != nullptr) check(cudaFreeHost(s.data), "cudaFreeHost");
     s.data = nullptr;
     s.bytes = 0;
@@ -182,13 +215,11 @@ std::byte* DeviceRing::staging(uint64_t bytes) {
 void DeviceRing::copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t bytes) {
   if (bytes == 0) return;
   if (ring_offset > bytes_ || bytes > bytes_ - ring_offset) throw InvalidArgument("copy outside the ring");
-  DeviceScope scope(device_);
   check(cudaMemcpyAsync(data_ + ring_offset, staged, bytes, cudaMemcpyHostToDevice, as_stream(stream_)),
         "cudaMemcpyAsync (host to device)");
 }
 
 void DeviceRing::commit(int event) {
-  DeviceScope scope(device_);
   check(cudaEventRecord(as_event(events_.at(static_cast<std::size_t>(event))), as_stream(stream_)),
         "cudaEventRecord (slot)");
   check(cudaEventRecord(as_event(staging_[current_].done), as_stream(stream_)), "cudaEventRecord (staging)");
@@ -196,7 +227,6 @@ void DeviceRing::commit(int event) {
 }
 
 void DeviceRing::synchronize() {
-  DeviceScope scope(device_);
   check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
 }
 
@@ -240,15 +270,12 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
 ImportedRing::~ImportedRing() { close_all(); }
 
 void ImportedRing::close_all() {
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
+  DeviceScope scope(device_, false);
   for (void* e : events_) cudaEventDestroy(as_event(e));
   events_.clear();
   if (data_ != nullptr) cudaIpcCloseMemHandle(data_);
   data_ = nullptr;
   cudaGetLastError();
-  cudaSetDevice(previous);
 }
 
 // ---- ReleaseWaiter --------------------------------------------------------
@@ -300,12 +327,9 @@ ReleaseWaiter::~ReleaseWaiter() {
   }
   state_->changed.notify_all();
   if (state_->thread.joinable()) state_->thread.join();
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(state_->device);
+  DeviceScope scope(state_->device, false);
   for (cudaEvent_t e : state_->all) cudaEventDestroy(e);
   cudaGetLastError();
-  cudaSetDevice(previous);
 }
 
 void* ReleaseWaiter::acquire() {

@@ -73,7 +73,11 @@ void Producer::close() {
                                  protocol::encode(protocol::Finished{epochs_done_})});
     }
   }
-  if (gpu_) await_unmapped();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return publishing_ == 0; });  // stop() ended every wait
+  }
+  if (ring_.on_gpu()) await_unmapped();
   quit_io_ = true;
   wakeup_.notify();
   if (io_.joinable()) io_.join();
@@ -93,6 +97,7 @@ void Producer::await_unmapped() {
     for (const auto& [peer, m] : members_) {
       if (m.mapped) pids.push_back(m.pid);
     }
+    for (const auto& [peer, pid] : evicted_importers_) pids.push_back(pid);
     return pids;
   };
   const Clock::time_point deadline =
@@ -158,18 +163,23 @@ void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
     capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * scale));
   }
   LaneAllocator lanes(capacities);
+  protocol::Ring ring = ring_;
+  ring.bytes = std::max<uint64_t>(lanes.total_bytes(), 1);
+  // Built aside and kept only once complete: a failure leaves no half ring.
   if (options_.cuda_device >= 0) {
     // Twice as many events as slots: smaller later batches can put more in flight.
     const int events = static_cast<int>(2 * slots);
-    gpu_.emplace(options_.cuda_device, std::max<uint64_t>(lanes.total_bytes(), 1), events);
+    auto gpu = std::make_unique<cuda::DeviceRing>(options_.cuda_device, ring.bytes, events);
+    ring.memory_handle = gpu->memory_handle();
+    ring.event_handles = gpu->event_handles();
+    gpu_ = std::move(gpu);
     for (int e = events - 1; e >= 0; --e) free_events_.push_back(e);
-    ring_.memory_handle = gpu_->memory_handle();
-    ring_.event_handles = gpu_->event_handles();
   } else {
-    region_.emplace(SharedRegion::create(lanes.total_bytes(), options_.name));
-    ring_.fd = region_->fd();
+    SharedRegion region = SharedRegion::create(lanes.total_bytes(), options_.name);
+    ring.fd = region.fd();
+    region_.emplace(std::move(region));
   }
-  ring_.bytes = std::max<uint64_t>(lanes.total_bytes(), 1);
+  ring_ = std::move(ring);
   lanes_.emplace(std::move(lanes));
   stats_.ring_bytes = lanes_->total_bytes();
   outbox_.push_back(Outgoing{Route::Ring, -1, 0, protocol::encode(protocol::RingReady{ring_})});
@@ -179,7 +189,6 @@ void Producer::create_ring(const std::vector<uint64_t>& leaf_bytes) {
 double Producer::publish(const Batch& batch) {
   auto start = Clock::now();
   double waited = 0;
-  std::vector<const at::Tensor*> tensors;
   std::vector<uint64_t> bytes, align;
   for (const Leaf& leaf : batch.leaves) {
     if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
@@ -193,7 +202,6 @@ double Producer::publish(const Batch& batch) {
                               t->device().str() + "; let the loader return CPU tensors");
       }
       (void)to_wire(t->scalar_type());
-      tensors.push_back(t);
       bytes.push_back(static_cast<uint64_t>(t->numel()) * t->element_size());
       align.push_back(t->element_size());
     } else if (static_cast<int64_t>(std::get<Items>(leaf).values.size()) != batch.samples) {
@@ -225,8 +233,40 @@ double Producer::publish(const Batch& batch) {
       free_events_.pop_back();
       slot_events_[slot->seq] = event;
     }
+    publishing_ += 1;  // close() waits for this copy before freeing the ring
   }
+  struct Done {
+    Producer* p;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(p->mu_);
+      p->publishing_ -= 1;
+      p->changed_.notify_all();
+    }
+  } done{this};
+  try {
+    return copy_and_announce(batch, *slot, event, bytes, start, waited);
+  } catch (...) {
+    // Nothing was announced: the slot and its event go back. A GPU copy may
+    // be half queued; wait for it so that its staging buffer can be reused.
+    if (gpu_) {
+      try {
+        gpu_->synchronize();
+      } catch (const Error&) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    lanes_->release(slot->seq);
+    slot_events_.erase(slot->seq);
+    if (event >= 0) free_events_.push_back(event);
+    changed_.notify_all();
+    throw;
+  }
+}
 
+double Producer::copy_and_announce(const Batch& batch, const LaneAllocator::Slot& slot_ref, int event,
+                                   const std::vector<uint64_t>& bytes, Clock::time_point start,
+                                   double waited) {
+  const LaneAllocator::Slot* slot = &slot_ref;
   protocol::Announcement ann;
   ann.seq = slot->seq;
   ann.event = event;
@@ -448,6 +488,7 @@ void Producer::handle(const std::string& peer, const void* data, std::size_t siz
     return;
   }
   if (member == members_.end()) {
+    if (std::holds_alternative<protocol::Unmapped>(msg)) evicted_importers_.erase(peer);
     // Late words of a consumer already forgotten (it unmapped, was evicted or
     // timed out) are expected; anything else is not.
     if (!std::holds_alternative<protocol::Release>(msg) && !std::holds_alternative<protocol::Bye>(msg) &&
@@ -588,6 +629,9 @@ void Producer::evict_stragglers() {
                          std::to_string(options_.straggler_timeout) +
                          " s); consume faster, .clone() batches you keep, or raise the timeout";
     send_to(peer, protocol::encode(protocol::Evicted{reason}));
+    // It may still read a GPU ring it mapped: the ring outlives it until it
+    // says Unmapped or exits.
+    if (m->second.mapped) evicted_importers_[peer] = m->second.pid;
     remove_member(peer, Departure::Evicted);
   }
 }
@@ -598,6 +642,9 @@ void Producer::check_liveness() {
     if (!process_alive(m.pid)) dead.push_back(peer);
   }
   for (const auto& peer : dead) remove_member(peer, Departure::Crashed);
+  for (auto it = evicted_importers_.begin(); it != evicted_importers_.end();) {
+    it = process_alive(it->second) ? std::next(it) : evicted_importers_.erase(it);
+  }
 }
 
 }  // namespace batchcast

@@ -138,6 +138,9 @@ class Producer {
   void evict_stragglers();
   void enqueue(Outgoing out);
   void create_ring(const std::vector<uint64_t>& leaf_bytes);
+  double copy_and_announce(const Batch& batch, const LaneAllocator::Slot& slot, int event,
+                           const std::vector<uint64_t>& bytes, std::chrono::steady_clock::time_point start,
+                           double waited);
 
   ProducerOptions options_;
   std::string dir_;
@@ -159,7 +162,9 @@ class Producer {
   int64_t delivered_in_epoch_ = 0;
   std::deque<Outgoing> outbox_;
   std::optional<SharedRegion> region_;
-  std::optional<cuda::DeviceRing> gpu_;
+  std::unique_ptr<cuda::DeviceRing> gpu_;
+  int64_t publishing_ = 0;                // publish() calls between slot and announcement
+  std::map<std::string, int64_t> evicted_importers_;  // evicted, may still map the GPU ring: pid
   std::vector<int> free_events_;          // GPU ring: slot events not in use
   std::map<uint64_t, int> slot_events_;   // GPU ring: seq -> its slot event
   protocol::Ring ring_;                   // as described to consumers

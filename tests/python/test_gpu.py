@@ -5,6 +5,7 @@ Skipped, with the reason shown, where no GPU is visible."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -61,7 +62,9 @@ def test_three_consumers_on_the_producers_gpu_get_views_exactly_once(procs, name
     assert procs.result("c32.json")["stats"]["copies"] == 0
 
 
-def test_a_cpu_consumer_of_a_gpu_producer_gets_host_tensors(procs, name):
+def test_a_cpu_consumer_of_a_gpu_producer_gets_host_tensors(procs, name, monkeypatch):
+    # batchcast allocates its ring itself: torch's allocator settings do not matter.
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     procs.start("produce", name, "--device", "cuda:0", "--samples", "300", "--loader-batch", "16",
                 "--epochs", "1")
     procs.start("consume", name, "--device", "cpu", "--batch-size", "40", "--check-values",
@@ -104,6 +107,24 @@ def test_gpu_memory_returns_to_baseline_whoever_exits_first(procs, name):
     r = procs.result("c.json")
     assert r["error"] is None, r["error"]
     assert r["epochs"] == [list(range(120))]
+    assert before - gpu_free_bytes() < 64 << 20, "GPU memory still allocated after every process exited"
+
+
+def test_a_consumer_killed_while_holding_gpu_batches_does_not_hold_the_others(procs, name):
+    before = gpu_free_bytes()
+    procs.start("produce", name, "--device", "cuda:0", "--samples", "2000", "--loader-batch", "10",
+                "--epochs", "1", "--min-consumers", "2", "--ring-bytes", str(128 << 20))
+    victim = procs.start("consume", name, "--batch-size", "10", "--keep", "--sleep", "0.05",
+                         out="victim.json")
+    procs.start("consume", name, "--batch-size", "30", "--check-values", out="survivor.json")
+    time.sleep(3.0)
+    victim.kill()  # mid-epoch, holding every batch it took
+    victim.wait()
+    procs.procs.remove(victim)
+    procs.wait_all()
+    r = procs.result("survivor.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [list(range(2000))]
     assert before - gpu_free_bytes() < 64 << 20, "GPU memory still allocated after every process exited"
 
 

@@ -136,8 +136,10 @@ class Channel : public ReleaseSink {
     if (!lost_.empty()) throw ProducerLost(lost_);
     protocol::Message m = std::move(inbox_.front());
     inbox_.pop_front();
-    if (std::holds_alternative<protocol::Finished>(m)) done_ = true;  // nothing follows it
-    wakeup_.notify();
+    if (std::holds_alternative<protocol::Finished>(m)) {
+      done_ = true;  // nothing follows it: the ring can be let go once unreferenced
+      wakeup_.notify();
+    }
     return m;
   }
 

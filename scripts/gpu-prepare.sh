@@ -5,7 +5,7 @@
 #   source .device/unpack.sh && bash scripts/gpu-check.sh OUT_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
-prepare=../shared/device/prepare.sh
+prepare=$(readlink -f ../shared/device/prepare.sh 2>/dev/null || echo ../shared/device/prepare.sh)
 if [ ! -f "$prepare" ]; then
   echo "no $prepare: fetch libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1" \
        "libbsd0 libmd0 libgtest-dev with 'apt-get download' into .device/debs yourself" >&2

@@ -10,6 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
+nvrtc=""
 BUILD=build/gpu
 STAGE=$BUILD/stage
 status=0
@@ -29,9 +30,38 @@ prefix=${CMAKE_PREFIX_PATH:-/usr}
 if [ -f "${prefix%%:*}/lib/x86_64-linux-gnu/libgtest.a" ] || [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ]; then
   tests=ON
 fi
+# torch's CMake config for a CUDA build looks for the toolkit through nvcc's
+# directory and for NVRTC in it. nvcc may be a wrapper script, and a slim
+# toolkit may lack NVRTC: point at the real toolkit, and at the NVRTC that
+# torch's pip dependencies bring along.
+cuda_root=${CUDA_HOME:-${CUDA_PATH:-}}
+if [ -z "$cuda_root" ] && command -v nvcc > /dev/null; then
+  nvcc_real=$(readlink -f "$(command -v nvcc)")
+  if head -c 2 "$nvcc_real" | grep -q '#!'; then
+    nvcc_real=$(grep -o '/[^ "]*/bin/nvcc' "$nvcc_real" | head -1)
+  fi
+  cuda_root=$(dirname "$(dirname "$nvcc_real")")
+fi
+[ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda
+cuda_flags=(-DCUDA_TOOLKIT_ROOT_DIR="$cuda_root" -DCUDAToolkit_ROOT="$cuda_root"
+            -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc")
+if ! ls "$cuda_root"/lib64/libnvrtc.so* > /dev/null 2>&1; then
+  nvrtc=$($PY - <<'PYEOF'
+import glob, os, sys
+for p in sys.path:
+    for pattern in ("nvidia/*/lib/libnvrtc.so.*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.*"):
+        for hit in sorted(glob.glob(os.path.join(p, pattern))):
+            if "builtins" not in hit and ".alt." not in hit:
+                print(hit)
+                sys.exit()
+PYEOF
+)
+  [ -n "$nvrtc" ] && cuda_flags+=(-DCUDA_nvrtc_LIBRARY="$nvrtc")
+fi
+echo "CUDA toolkit: $cuda_root ${nvrtc:+(NVRTC: $nvrtc)}" | tee -a "$OUT/summary.txt"
 configure() {
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
-    -DBATCHCAST_WITH_CUDA=ON -DBATCHCAST_BUILD_TESTS=$1 > "$OUT/configure.txt" 2>&1
+    -DBATCHCAST_WITH_CUDA=ON -DBATCHCAST_BUILD_TESTS=$1 "${cuda_flags[@]}" > "$OUT/configure.txt" 2>&1
 }
 if ! configure $tests; then
   echo "configure with tests=$tests failed (see configure.txt); retrying without C++ tests" | tee -a "$OUT/summary.txt"

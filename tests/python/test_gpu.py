@@ -55,8 +55,11 @@ def test_three_consumers_on_the_producers_gpu_get_views_exactly_once(procs, name
         assert 0 < s["ipc_event_opens"] < s["loader_batches"], s
         opens.add(s["ipc_event_opens"])
         assert s["views"] > 0
-        # Views only: this process's caching allocator never held batch data.
+        # Nothing of this process's own stays allocated on the GPU; and where
+        # every tensor was a view, its caching allocator never held batch data.
         assert r["cuda_memory_allocated"] == 0, r
+        if s["copies"] == 0 and s["spills"] == 0:
+            assert r["cuda_max_memory_allocated"] == 0, r
     assert len(opens) == 1
     # Equal batch sizes: every tensor a view of the GPU ring, no copy at all.
     assert procs.result("c32.json")["stats"]["copies"] == 0

@@ -134,8 +134,12 @@ def consume(args: argparse.Namespace) -> None:
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["stats"] = consumer.stats()
+    batch = None  # the loop variable still held the last batch
+    kept.clear()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # What this process's caching allocator holds once every batch is gone.
         result["cuda_memory_allocated"] = torch.cuda.memory_allocated()
+        result["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated()
     consumer.close()
     with open(args.out, "w") as f:
         json.dump(result, f)

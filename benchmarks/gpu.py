@@ -13,10 +13,13 @@ feed one model: that is the bottleneck batchcast removes. Columns:
   own        each trainer with its own DataLoader (+ pin_memory, .cuda())
   resident   batches already on the GPU: the upper bound (no loading at all)
 
-Aggregate samples/s are medians over --repeats runs with [min, max]. Also:
-per-batch consumer overhead (one Consumer.__next__ with the batch already
-announced: stream wait + views + structure), and GPU memory for data (the
-ring, once, vs a batch per trainer). Results go to
+Trainers start together (a barrier after set-up) and aggregate samples/s is
+the samples of every trainer's timed steps over the span from the first start
+to the last end; medians over --repeats runs with [min, max]. The timed steps
+follow a warm-up longer than the ring, so a pre-filled ring does not flatter
+sharing. Also: per-batch consumer overhead (one Consumer.__next__ with the
+batch already announced: stream wait + views + structure), and GPU memory for
+data (the ring, allocated once, vs one batch per trainer). Results go to
 benchmarks/results/gpu.json. `--device cpu` runs the same thing without a GPU
 (a smoke test of the script; the numbers mean nothing).
 """
@@ -31,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -86,6 +90,7 @@ def make_loader(args, length: int):
 def role_serve(args) -> None:
     import batchcast as bc
 
+    os.sched_setaffinity(0, args.loader_cpu_list)  # flattening and staging count as loading
     loader = make_loader(args, args.samples)
     producer = bc.Producer(loader, args.name, device=args.device, epochs=1,
                            min_consumers=args.consumers[0], slots=args.slots)
@@ -106,7 +111,7 @@ def role_train(args) -> None:
         batches = bc.Consumer(args.name, batch_size=BATCH, timeout=120)
     elif args.mode == "own":
         batches = make_loader(args, args.samples)
-    else:  # resident: a few distinct batches, generated on the device up front
+    else:  # resident: a few distinct batches, generated on the device up front; timed longer
         from batchcast.synthetic import SyntheticImages
 
         ds = SyntheticImages(8 * BATCH, SIZE)
@@ -115,12 +120,16 @@ def role_train(args) -> None:
             samples = [ds[i] for i in range(k * BATCH, (k + 1) * BATCH)]
             resident.append((torch.stack([s[0] for s in samples]).to(device),
                              torch.tensor([s[1] for s in samples]).to(device)))
-        batches = [resident[i % 8] for i in range(args.samples // BATCH)]
+        batches = [resident[i % 8] for i in range(args.samples // BATCH * 5)]
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    # Start together: tell the driver we are set up, wait for its go.
+    Path(args.barrier, f"{os.getpid()}.ready").touch()
+    while not Path(args.barrier, "go").exists():
+        time.sleep(0.005)
     step, t0, next_s, data_bytes = 0, None, [], 0
     iterator = iter(batches)
     while True:
@@ -144,8 +153,10 @@ def role_train(args) -> None:
             sync()
             t0 = time.perf_counter()
     sync()
-    seconds = time.perf_counter() - t0 if t0 else float("nan")
-    out = {"samples": (step - args.warmup) * BATCH, "seconds": seconds,
+    t1 = time.perf_counter()
+    seconds = t1 - t0 if t0 else float("nan")
+    # perf_counter is CLOCK_MONOTONIC: comparable across processes on Linux.
+    out = {"samples": (step - args.warmup) * BATCH, "seconds": seconds, "t0": t0, "t1": t1,
            "next_median_us": statistics.median(next_s[args.warmup:]) * 1e6 if len(next_s) > args.warmup else None,
            "data_bytes_per_batch": data_bytes}
     if args.mode == "shared":
@@ -159,7 +170,9 @@ def role_overhead(args) -> None:
     import batchcast as bc
 
     consumer = bc.Consumer(args.name, batch_size=BATCH, timeout=60)
-    time.sleep(3.0)  # the producer fills the ring meanwhile (in lockstep it then waits)
+    deadline = time.monotonic() + 60  # the producer fills the ring, then waits (lockstep)
+    while consumer.stats()["loader_batches"] < args.slots - 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     times = []
     it = iter(consumer)
     for _ in range(args.slots - 2):
@@ -189,7 +202,7 @@ def role_serve_memory(args) -> None:
 
 # ---- the driver ---------------------------------------------------------------
 def spawn(args, role: str, **extra) -> subprocess.Popen:
-    cmd = [sys.executable, __file__, "--role", role, "--device", args.device,
+    cmd = [sys.executable, __file__, "--role", role, "--device", args.device, "--barrier", args.barrier,
            "--workers", str(args.workers), "--loader-cpus", args.loader_cpus,
            "--trainer-cpus", args.trainer_cpus, "--slots", str(args.slots),
            "--warmup", str(args.warmup)]
@@ -216,21 +229,35 @@ def run_once(args, mode: str, n: int) -> dict:
     name = "bench-" + uuid.uuid4().hex[:8]
     samples = (args.steps + args.warmup) * BATCH
     base = gpu_used()
+    args.barrier = tempfile.mkdtemp(prefix="bc-barrier-")
     server = spawn(args, "serve", name=name, consumers=n, samples=samples) if mode == "shared" else None
     trainers = [spawn(args, "train", name=name, mode=mode, samples=samples) for _ in range(n)]
-    peak = base
-    while any(t.poll() is None for t in trainers):
-        if server is not None and server.poll() not in (None, 0):
-            for t in trainers:
-                t.kill()
-            raise RuntimeError(f"the producer exited {server.returncode}")
-        used = gpu_used()
-        if used is not None:
-            peak = max(peak, used)
-        time.sleep(0.2)
-    results = [last_json(t, 60) for t in trainers]
-    producer = last_json(server, 120)["producer"] if server else None
-    rate = sum(r["samples"] / r["seconds"] for r in results)
+    everyone = trainers + ([server] if server else [])
+    deadline = time.monotonic() + args.run_timeout
+    peak, go = base, False
+    try:
+        while any(t.poll() is None for t in trainers):
+            failed = [p for p in everyone if p.poll() not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{failed[0].args[3]} exited {failed[0].returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no result within {args.run_timeout} s")
+            if not go and len(list(Path(args.barrier).glob("*.ready"))) == n:
+                Path(args.barrier, "go").touch()
+                go = True
+            used = gpu_used()
+            if used is not None:
+                peak = max(peak, used)
+            time.sleep(0.05 if not go else 0.2)
+        results = [last_json(t, 60) for t in trainers]
+        producer = last_json(server, 120)["producer"] if server else None
+    finally:
+        for p in everyone:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    span = max(r["t1"] for r in results) - min(r["t0"] for r in results)
+    rate = sum(r["samples"] for r in results) / span
     data = producer["ring_bytes"] if producer else (
         0 if mode == "resident" else sum(r["data_bytes_per_batch"] for r in results))
     return {"aggregate": rate, "per_trainer": [r["samples"] / r["seconds"] for r in results],
@@ -244,9 +271,14 @@ def overhead(args) -> list[float]:
     name = "bench-" + uuid.uuid4().hex[:8]
     server = spawn(args, "serve_memory", name=name, slots=args.overhead_slots)
     consumer = spawn(args, "overhead", name=name, slots=args.overhead_slots)
-    times = last_json(consumer, 120)["overhead_us"]
-    server.wait(60)
-    return times
+    try:
+        return last_json(consumer, 180)["overhead_us"]
+    finally:
+        for p in (consumer, server):
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def main() -> None:
@@ -255,16 +287,18 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--modes", nargs="+", default=["shared", "own", "resident"])
     ap.add_argument("--steps", type=int, default=60, help="timed training steps per trainer")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps (more than the ring holds)")
+    ap.add_argument("--run-timeout", type=float, default=240, help="seconds one configuration may take")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers per loader")
-    ap.add_argument("--loader-cpus", default="0-1", help="cores all loading shares")
+    ap.add_argument("--loader-cpus", default="", help="cores all loading shares (default: the first two)")
     ap.add_argument("--trainer-cpus", default="", help="cores for trainers (default: the others)")
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--overhead-slots", type=int, default=64, help="ring slots for the overhead run")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
     # role-only
+    ap.add_argument("--barrier", default="")
     ap.add_argument("--name", default="")
     ap.add_argument("--mode", default="shared")
     ap.add_argument("--samples", type=int, default=0)
@@ -277,8 +311,10 @@ def main() -> None:
             out += list(range(int(lo), int(hi or lo) + 1))
         return out
 
-    args.loader_cpu_list = cpus(args.loader_cpus)
     every = sorted(os.sched_getaffinity(0))
+    if not args.loader_cpus:
+        args.loader_cpus = ",".join(map(str, every[:2]))
+    args.loader_cpu_list = cpus(args.loader_cpus)
     args.trainer_cpu_list = cpus(args.trainer_cpus) or [c for c in every if c not in args.loader_cpu_list] or every
     if not args.trainer_cpus:
         args.trainer_cpus = ",".join(map(str, args.trainer_cpu_list))
@@ -303,21 +339,42 @@ def main() -> None:
     }
     print(json.dumps(env))
     table: dict = {}
+    errors: list[str] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(over=None) -> None:
+        out.write_text(json.dumps({"env": env, "table": table, "overhead_us": over, "errors": errors},
+                                  indent=1))
+
     for n in args.consumers:
         for mode in args.modes:
-            runs = [run_once(args, mode, n) for _ in range(args.repeats)]
-            rates = [r["aggregate"] for r in runs]
-            table[f"{mode}/{n}"] = {"median": statistics.median(rates), "min": min(rates),
-                                    "max": max(rates), "runs": runs}
-            print(f"  {mode:8s} N={n}: {statistics.median(rates):8.0f} samples/s "
-                  f"[{min(rates):.0f}, {max(rates):.0f}]", flush=True)
-    over = overhead(args)
+            runs = []
+            for _ in range(args.repeats):
+                try:
+                    runs.append(run_once(args, mode, n))
+                except Exception as exc:  # recorded; the other configurations still run
+                    errors.append(f"{mode}/{n}: {exc}")
+                    print(f"  {mode:8s} N={n}: FAILED {exc}", flush=True)
+            if runs:
+                rates = [r["aggregate"] for r in runs]
+                table[f"{mode}/{n}"] = {"median": statistics.median(rates), "min": min(rates),
+                                        "max": max(rates), "runs": runs}
+                print(f"  {mode:8s} N={n}: {statistics.median(rates):8.0f} samples/s "
+                      f"[{min(rates):.0f}, {max(rates):.0f}]", flush=True)
+            save()
+    try:
+        over = overhead(args)
+    except Exception as exc:
+        errors.append(f"overhead: {exc}")
+        over = []
+    save(over)
 
     mib = 1 << 20
     print(f"\nSamples/s, aggregate over N trainers (median [min, max] of {args.repeats}); "
           f"all loading on cores {args.loader_cpus}")
     print(f"{'N':>3} | {'batchcast shared':>22} | {'own DataLoaders':>22} | {'resident (bound)':>22} | "
-          f"{'shared/own':>10} | {'GPU data MiB shared / own':>26}")
+          f"{'shared/own':>10} | {'data MiB: ring / batch x N':>26}")
     for n in args.consumers:
         cells = []
         for mode in ("shared", "own", "resident"):
@@ -328,12 +385,15 @@ def main() -> None:
         mem = (f"{s['runs'][0]['data_gpu_bytes'] / mib:.1f} / {o['runs'][0]['data_gpu_bytes'] / mib:.1f}"
                if s and o else "-")
         print(f"{n:>3} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>22} | {ratio:>10} | {mem:>26}")
-    q = lambda p: over[min(len(over) - 1, int(p * len(over)))]  # noqa: E731
-    print(f"\nConsumer overhead per batch (next() with the batch already announced, "
-          f"n={len(over)}): median {statistics.median(over):.1f} us [p10 {q(0.1):.1f}, p90 {q(0.9):.1f}]")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"env": env, "table": table, "overhead_us": over}, indent=1))
+    if over:
+        q = lambda p: over[min(len(over) - 1, int(p * len(over)))]  # noqa: E731
+        print(f"\nConsumer overhead per batch (next() with the batch already announced, "
+              f"n={len(over)}): median {statistics.median(over):.1f} us [p10 {q(0.1):.1f}, p90 {q(0.9):.1f}]")
+    for e in errors:
+        print(f"FAILED: {e}")
     print(f"results: {args.out}")
+    if errors:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -117,10 +117,17 @@ def test_a_consumer_killed_while_holding_gpu_batches_does_not_hold_the_others(pr
     before = gpu_free_bytes()
     procs.start("produce", name, "--device", "cuda:0", "--samples", "2000", "--loader-batch", "10",
                 "--epochs", "1", "--min-consumers", "2", "--ring-bytes", str(128 << 20))
-    victim = procs.start("consume", name, "--batch-size", "10", "--keep", "--sleep", "0.05",
-                         out="victim.json")
+    ready = procs.tmp / "victim.ready"
+    victim = procs.start("consume", name, "--batch-size", "10", "--keep", "--sleep", "0.01",
+                         "--ready", str(ready), out="victim.json")
     procs.start("consume", name, "--batch-size", "30", "--check-values", out="survivor.json")
-    time.sleep(3.0)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the victim never joined"
+    # It keeps every batch: within a second it holds as many as the producer
+    # has slot events, and everyone waits for it.
+    time.sleep(1.5)
     victim.kill()  # mid-epoch, holding every batch it took
     victim.wait()
     procs.procs.remove(victim)

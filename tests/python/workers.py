@@ -136,8 +136,10 @@ def consume(args: argparse.Namespace) -> None:
     result["stats"] = consumer.stats()
     batch = None  # the loop variable still held the last batch
     kept.clear()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # What this process's caching allocator holds once every batch is gone.
+    if str(result["stats"].get("device", "")).startswith("cuda"):
+        # What this process's caching allocator holds once every batch is gone
+        # (batchcast used CUDA from C++; the Python side may not know yet).
+        torch.cuda.init()
         result["cuda_memory_allocated"] = torch.cuda.memory_allocated()
         result["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated()
     consumer.close()

@@ -252,6 +252,21 @@ def test_a_closed_consumers_batches_stay_valid_while_the_others_go_on(runtime_di
         b.close()
 
 
+def test_a_consumer_done_with_a_finished_producer_lets_go_of_its_ring(runtime_dir):
+    # After the last epoch, with its batches freed, a consumer that is still
+    # open tells the producer it is done with the ring (a GPU ring may then be
+    # freed at once instead of after `linger`).
+    with bc.Producer(id_batches(8, 2), "letgo", epochs=1) as p:
+        with bc.Consumer("letgo", batch_size=4, timeout=10) as c:
+            assert sum((ids.tolist() for ids, _ in c), []) == list(range(8))
+            p._thread.join(10)
+            deadline = time.monotonic() + 5
+            while p.stats()["consumers"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert p.stats()["consumers"] == [], p.stats()["consumers"]
+            assert p.stats()["leaves"] == 1
+
+
 def test_bad_consumer_arguments_are_clear_errors(runtime_dir):
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="batch_size must be a positive int"):

@@ -95,6 +95,7 @@ class Channel : public ReleaseSink {
                                      std::optional<c10::Stream> stream = std::nullopt) {
     std::lock_guard<std::mutex> lock(mu_);
     held_ += 1;
+    if (taken_ > 0) taken_ -= 1;
     return std::make_shared<ReleaseToken>(seq, std::move(self), stream);
   }
 
@@ -136,6 +137,7 @@ class Channel : public ReleaseSink {
     if (!lost_.empty()) throw ProducerLost(lost_);
     protocol::Message m = std::move(inbox_.front());
     inbox_.pop_front();
+    if (std::holds_alternative<protocol::Announcement>(m)) taken_ += 1;  // until hold()
     if (std::holds_alternative<protocol::Finished>(m)) {
       done_ = true;  // nothing follows it: the ring can be let go once unreferenced
       wakeup_.notify();
@@ -209,8 +211,11 @@ class Channel : public ReleaseSink {
         quit = quit_;
         if (quit) leaving_ = true;
         say_bye = leaving_ && !bye_sent;
-        // Nothing references the ring and nothing more will: close it.
-        unmap = !unmapped_sent && (quit || ((leaving_ || done_) && held_ == 0 &&
+        // Nothing references the ring and nothing more will (we left, or the
+        // producer finished or evicted us and no announcement is still
+        // queued): close it, so that the producer may free a GPU ring.
+        const bool no_more = leaving_ || done_ || (finished_ && !announcement_queued() && taken_ == 0);
+        unmap = !unmapped_sent && (quit || (no_more && held_ == 0 &&
                                             (!waiter_ || waiter_->pending() == 0)));
         producer_pid = welcome_ ? welcome_->producer_pid : 0;
       }
@@ -308,6 +313,14 @@ class Channel : public ReleaseSink {
 
   bool ring_open() const { return region_.has_value() || gpu_ != nullptr; }
 
+  // Under mu_.
+  bool announcement_queued() const {
+    for (const auto& m : inbox_) {
+      if (std::holds_alternative<protocol::Announcement>(m)) return true;
+    }
+    return false;
+  }
+
   // Under mu_. Handles connection-level messages here; queues the rest.
   void accept(protocol::Message m) {
     if (auto* w = std::get_if<protocol::Welcome>(&m)) {
@@ -385,6 +398,7 @@ class Channel : public ReleaseSink {
   std::atomic<bool> finished_{false};
   int64_t dropped_ = 0;
   int64_t held_ = 0;
+  int64_t taken_ = 0;  // announcements handed to the caller, not yet held
   int64_t received_ = 0;
   int64_t memory_opens_ = 0;
   int64_t event_opens_ = 0;

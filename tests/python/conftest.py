@@ -77,3 +77,11 @@ def shm_entries() -> set[str]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def expected_sizes(n: int, b: int, drop_last: bool) -> list[int]:
+    """Consumer batch sizes for n samples in batches of b."""
+    sizes = [b] * (n // b)
+    if n % b and not drop_last:
+        sizes.append(n % b)
+    return sizes

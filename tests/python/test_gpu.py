@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import batchcast as bc
+from conftest import expected_sizes
 
 pytestmark = pytest.mark.skipif(
     not bc.cuda_available(),
@@ -19,13 +20,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 N, L = 1003, 32
-
-
-def expected_sizes(n: int, b: int, drop_last: bool) -> list[int]:
-    sizes = [b] * (n // b)
-    if n % b and not drop_last:
-        sizes.append(n % b)
-    return sizes
 
 
 def gpu_free_bytes() -> int:

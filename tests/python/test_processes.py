@@ -12,19 +12,12 @@ import time
 
 import pytest
 import torch
-from conftest import shm_entries
+from conftest import expected_sizes, shm_entries
 from torch.utils.data import DataLoader
 
 from workers import IdDataset
 
 N, L = 1003, 32
-
-
-def expected_sizes(n: int, b: int, drop_last: bool) -> list[int]:
-    sizes = [b] * (n // b)
-    if n % b and not drop_last:
-        sizes.append(n % b)
-    return sizes
 
 
 def test_four_consumers_get_every_sample_once_in_order_over_two_epochs(procs, name, runtime_dir):

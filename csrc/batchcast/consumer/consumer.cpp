@@ -302,8 +302,8 @@ class Channel : public ReleaseSink {
     if (ring.on_gpu()) {
       gpu_ = std::make_unique<cuda::ImportedRing>(ring.gpu_uuid, ring.memory_handle, ring.bytes,
                                                   ring.event_handles);
-      memory_opens_ += gpu_->memory_opens();
-      event_opens_ += gpu_->event_opens();
+      memory_opens_ += 1;  // one ring allocation
+      event_opens_ += gpu_->events();
       waiter_ = std::make_unique<cuda::ReleaseWaiter>(gpu_->device(),
                                                       [this](uint64_t seq) { released(seq); });
     } else {
@@ -452,14 +452,7 @@ void Consumer::place(const protocol::Ring& ring) {
                     " but the torch in this process has no CUDA support; install a CUDA build of "
                     "torch here");
   }
-  ring_device_ = cuda::device_with_uuid(ring.gpu_uuid);
-  if (ring_device_ < 0) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
-                    ", which this process cannot see (" + std::to_string(cuda::device_count()) +
-                    " visible GPU(s), CUDA_VISIBLE_DEVICES=" + (visible ? visible : "<unset>") +
-                    "); make that GPU visible to this process (it may train on another one)");
-  }
+  ring_device_ = cuda::visible_device(ring.gpu_uuid);
   const c10::Device ring_device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ring_device_));
   if (want == Placement::Host) {
     transfer_ = Transfer::DeviceToHost;

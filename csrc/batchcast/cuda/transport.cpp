@@ -90,12 +90,15 @@ std::string device_uuid(int device) {
   return std::string(reinterpret_cast<const char*>(prop.uuid.bytes), kUuidBytes);
 }
 
-int device_with_uuid(const std::string& uuid) {
+int visible_device(const std::string& uuid) {
   const int n = device_count();
   for (int d = 0; d < n; ++d) {
     if (device_uuid(d) == uuid) return d;
   }
-  return -1;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  throw CudaError("the producer's ring is on GPU " + uuid_text(uuid) + ", which this process cannot see (" +
+                  std::to_string(n) + " visible GPUs, CUDA_VISIBLE_DEVICES=" + (visible ? visible : "<unset>") +
+                  "); make that GPU visible to the consumer (it may train on another one)");
 }
 
 std::string uuid_text(const std::string& uuid) {
@@ -236,14 +239,7 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
                            const std::vector<std::string>& event_handles)
     : bytes_(bytes) {
   if (memory_handle.size() != kHandleBytes) throw CudaError("batchcast: bad memory handle");
-  device_ = device_with_uuid(uuid);
-  if (device_ < 0) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw CudaError("the producer's ring is on GPU " + uuid_text(uuid) +
-                    ", which this process cannot see (" + std::to_string(device_count()) +
-                    " visible GPUs, CUDA_VISIBLE_DEVICES=" + (visible ? visible : "<unset>") +
-                    "); make that GPU visible to the consumer (it may train on another one)");
-  }
+  device_ = visible_device(uuid);
   DeviceScope scope(device_);
   try {
     cudaIpcMemHandle_t h;
@@ -251,7 +247,6 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
     void* p = nullptr;
     check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
     data_ = static_cast<std::byte*>(p);
-    memory_opens_ += 1;
     for (const std::string& eh : event_handles) {
       if (eh.size() != kHandleBytes) throw CudaError("batchcast: bad event handle");
       cudaIpcEventHandle_t h;
@@ -259,7 +254,6 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
       cudaEvent_t e = nullptr;
       check(cudaIpcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
       events_.push_back(e);
-      event_opens_ += 1;
     }
   } catch (...) {
     close_all();

@@ -26,8 +26,9 @@ int device_count();
 // A device's UUID (16 raw bytes): stable across processes, unlike indices,
 // which CUDA_VISIBLE_DEVICES renumbers.
 std::string device_uuid(int device);
-// The visible device with this UUID, or -1.
-int device_with_uuid(const std::string& uuid);
+// The visible device with this UUID; CudaError naming the UUID and
+// CUDA_VISIBLE_DEVICES when this process cannot see it.
+int visible_device(const std::string& uuid);
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
 std::string uuid_text(const std::string& uuid);
 // Whether `device` can read `peer`'s memory directly (P2P over NVLink/PCIe).
@@ -92,8 +93,6 @@ class ImportedRing {
   int device() const { return device_; }
   int events() const { return static_cast<int>(events_.size()); }
   void* event(int index) const { return events_.at(static_cast<std::size_t>(index)); }
-  int64_t memory_opens() const { return memory_opens_; }
-  int64_t event_opens() const { return event_opens_; }
 
  private:
   void close_all();
@@ -101,8 +100,6 @@ class ImportedRing {
   uint64_t bytes_;
   std::byte* data_ = nullptr;
   std::vector<void*> events_;
-  int64_t memory_opens_ = 0;
-  int64_t event_opens_ = 0;
 };
 
 // Consumer side: a slot goes back to the producer only once the GPU work that

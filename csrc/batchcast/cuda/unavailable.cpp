@@ -17,7 +17,7 @@ namespace {
 bool built() { return false; }
 int device_count() { return 0; }
 std::string device_uuid(int) { unavailable(); }
-int device_with_uuid(const std::string&) { return -1; }
+int visible_device(const std::string&) { unavailable(); }
 std::string uuid_text(const std::string& uuid) { return "GPU-<" + std::to_string(uuid.size()) + " bytes>"; }
 bool can_access_peer(int, int) { unavailable(); }
 

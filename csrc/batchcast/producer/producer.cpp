@@ -21,6 +21,9 @@ double seconds_since(Clock::time_point t) {
 }
 
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(200);
+
+// A leaf's room in pinned staging: 256-byte aligned, as DMA likes it.
+uint64_t staged_size(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 // Holder id for slots kept for catch-up joins; ZeroMQ routing ids are never empty.
 const std::string kRetention;
 
@@ -255,20 +258,17 @@ double Producer::publish(const Batch& batch) {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    lanes_->release(slot->seq);
-    slot_events_.erase(slot->seq);
-    if (event >= 0) free_events_.push_back(event);
+    free_slot(slot->seq);
     changed_.notify_all();
     throw;
   }
 }
 
-double Producer::copy_and_announce(const Batch& batch, const LaneAllocator::Slot& slot_ref, int event,
+double Producer::copy_and_announce(const Batch& batch, const LaneAllocator::Slot& slot, int event,
                                    const std::vector<uint64_t>& bytes, Clock::time_point start,
                                    double waited) {
-  const LaneAllocator::Slot* slot = &slot_ref;
   protocol::Announcement ann;
-  ann.seq = slot->seq;
+  ann.seq = slot.seq;
   ann.event = event;
   // GPU ring: leaves are gathered into pinned staging, then copied on the
   // ring's stream; the call returns while the copy runs.
@@ -276,7 +276,7 @@ double Producer::copy_and_announce(const Batch& batch, const LaneAllocator::Slot
   uint64_t staged_at = 0;
   if (gpu_) {
     uint64_t total = 0;
-    for (uint64_t b : bytes) total += (b + 255) / 256 * 256;
+    for (uint64_t b : bytes) total += staged_size(b);
     staged = gpu_->staging(std::max<uint64_t>(total, 256));
   }
   ann.samples = batch.samples;
@@ -284,13 +284,13 @@ double Producer::copy_and_announce(const Batch& batch, const LaneAllocator::Slot
   std::size_t lane = 0;
   for (const Leaf& leaf : batch.leaves) {
     if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
-      uint64_t offset = slot->offsets[lane++];
+      uint64_t offset = slot.offsets[lane++];
       if (t->numel() > 0 && gpu_) {
         const uint64_t n = static_cast<uint64_t>(t->numel()) * t->element_size();
         at::from_blob(staged + staged_at, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
             .copy_(*t);
         gpu_->copy_in(staged + staged_at, offset, n);
-        staged_at += (n + 255) / 256 * 256;
+        staged_at += staged_size(n);
       } else if (t->numel() > 0) {
         at::Tensor dst = at::from_blob(region_->data() + offset, t->sizes(),
                                        at::TensorOptions().dtype(t->scalar_type()));
@@ -584,13 +584,18 @@ void Producer::forget_if_done(const std::string& peer) {
 
 void Producer::free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot) {
   if (!slot->second.holders.empty()) return;
-  lanes_->release(slot->first);
-  auto event = slot_events_.find(slot->first);
+  free_slot(slot->first);
+  held_.erase(slot);
+}
+
+// Under mu_: the slot's ring space and, for a GPU ring, its event are free again.
+void Producer::free_slot(uint64_t seq) {
+  lanes_->release(seq);
+  auto event = slot_events_.find(seq);
   if (event != slot_events_.end()) {
     free_events_.push_back(event->second);
     slot_events_.erase(event);
   }
-  held_.erase(slot);
 }
 
 void Producer::remove_member(const std::string& peer, Departure how) {

@@ -130,6 +130,7 @@ class Producer {
   void remove_member(const std::string& peer, Departure how);
   void drop_holder(uint64_t seq, const std::string& peer);
   void free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot);
+  void free_slot(uint64_t seq);
   void forget_if_done(const std::string& peer);
   int64_t active_members() const;
   void await_unmapped();

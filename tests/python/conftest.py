@@ -30,19 +30,33 @@ def name():
 
 
 class Procs:
-    """Starts worker processes; kills any left running when the test ends."""
+    """Starts worker processes; kills any left running when the test ends.
+
+    Each child writes its stdout and stderr to files (never pipes, which a
+    chatty child could fill and block on); read them with out() and err()."""
 
     def __init__(self, tmp_path: Path):
         self.tmp = tmp_path
         self.procs: list[subprocess.Popen] = []
+        self._files: dict[int, tuple[Path, Path]] = {}
 
     def start(self, role: str, name: str, *flags: str, out: str | None = None) -> subprocess.Popen:
         cmd = [sys.executable, str(HERE / "workers.py"), role, name, *flags]
         if out is not None:
             cmd += ["--out", str(self.tmp / out)]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        k = len(self._files)
+        paths = (self.tmp / f"{role}{k}.stdout", self.tmp / f"{role}{k}.stderr")
+        with open(paths[0], "w") as stdout, open(paths[1], "w") as stderr:
+            p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True)
+        self._files[p.pid] = paths
         self.procs.append(p)
         return p
+
+    def out(self, p: subprocess.Popen) -> str:
+        return self._files[p.pid][0].read_text()
+
+    def err(self, p: subprocess.Popen) -> str:
+        return self._files[p.pid][1].read_text()
 
     def result(self, out: str) -> dict:
         return json.loads((self.tmp / out).read_text())
@@ -53,9 +67,9 @@ class Procs:
                 p.wait(timeout)
             except subprocess.TimeoutExpired:
                 p.kill()
-                raise
+                raise AssertionError(f"{p.args} still ran after {timeout} s:\n{self.err(p)}")
             if p.returncode != 0:
-                raise AssertionError(f"{p.args} exited {p.returncode}:\n{p.stderr.read()}")
+                raise AssertionError(f"{p.args} exited {p.returncode}:\n{self.err(p)}")
 
     def kill_all(self) -> None:
         for p in self.procs:

@@ -71,7 +71,7 @@ def test_loader_exception_reaches_consumers_with_its_message(procs, name):
     p = procs.start("produce", name, "--samples", "100", "--loader-batch", "10", "--fail-at", "55")
     procs.start("consume", name, "--batch-size", "10", out="c.json")
     p.wait(60)
-    assert p.returncode != 0 and "corrupt sample 55" in p.stderr.read()
+    assert p.returncode != 0 and "corrupt sample 55" in procs.err(p)
     procs.procs.remove(p)
     procs.wait_all()
     r = procs.result("c.json")
@@ -84,7 +84,7 @@ def test_unsupported_leaf_is_a_type_error_naming_its_path(procs, name):
     p = procs.start("produce", name, "--kind", "object")
     procs.start("consume", name, out="c.json")
     p.wait(60)
-    err = p.stderr.read()
+    err = procs.err(p)
     assert "TypeError" in err and "builtins.object at batch[1][0]" in err, err
     procs.procs.remove(p)
     procs.wait_all()
@@ -144,7 +144,7 @@ def test_a_consumer_without_producer_fails_clearly_after_its_timeout(procs, name
     c.wait(30)
     assert c.returncode != 0  # the constructor raised
     assert time.monotonic() - started < 15
-    err = c.stderr.read()
+    err = procs.err(c)
     assert "ProducerLost" in err and f"no batchcast producer named '{name}'" in err
 
 
@@ -173,7 +173,7 @@ def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everyt
     procs.wait_all(timeout=90)
     r = procs.result("s.json")
     assert r["error"] is None and r["epochs"] == [list(range(2000))] * 2
-    stats = json.loads(p.stdout.read().strip().splitlines()[-1])
+    stats = json.loads(procs.out(p).strip().splitlines()[-1])
     assert stats["crashes"] >= 2  # the two that had joined; the third may have died before
 
 
@@ -195,7 +195,7 @@ def test_writing_into_a_batch_in_place_crashes_with_an_explanation_and_corrupts_
     procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
     bad.wait(60)
     assert bad.returncode == -signal.SIGSEGV
-    err = bad.stderr.read()
+    err = procs.err(bad)
     assert "batchcast: a batch tensor was written in place" in err and "clone()" in err
     procs.procs.remove(bad)
     procs.wait_all()

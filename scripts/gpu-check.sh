@@ -1,115 +1,218 @@
 #!/usr/bin/env bash
-# The GPU check, on a machine with an NVIDIA GPU and a CUDA build of torch:
-# builds batchcast against that torch (CMake + Ninja, no pip, no network),
-# runs the C++ and Python GPU tests, then the GPU benchmark, and writes
-# everything under OUT_DIR (default: gpu-results/). It keeps to a budget of
-# BUDGET_S seconds (default 540) by giving the benchmark what is left.
+# The GPU check, on a machine with an NVIDIA GPU and torch (normally a CUDA
+# build of it): builds batchcast against that torch with CMake + Ninja (no pip,
+# no network, no nvcc: CMake takes the CUDA runtime torch itself uses), then
+# runs, each under its own timeout,
+#   the C++ tests (ctest), the GPU tests (tests/python/test_gpu.py),
+#   the CPU API tests (tests/python/test_api.py) and the GPU benchmark,
+# and writes everything under OUT_DIR (default: gpu-results/), with a short
+# summary.txt: the set-up, one line per test, the benchmark's table.
+# The whole check keeps within BUDGET_S seconds (default 450).
 #
 #   bash scripts/gpu-prepare.sh                      # where a registry is: ZeroMQ etc.
 #   source .device/unpack.sh && bash scripts/gpu-check.sh OUT_DIR
+#
+# Exit status: 0 every step passed on a GPU; 1 something failed;
+# 2 nothing failed but no GPU was visible (the GPU tests skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
-PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-540}
-nvrtc=""
+PY=$(command -v "${PYTHON:-python3}") || { echo "no ${PYTHON:-python3}" >&2; exit 1; }
+BUDGET_S=${BUDGET_S:-450}
 BUILD=build/gpu
 STAGE=$BUILD/stage
-status=0
-step() { echo; echo "== $*" | tee -a "$OUT/summary.txt"; }
+SUMMARY=$OUT/summary.txt
+failed=0
+gpu=0
+: > "$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+step() { echo; say "== $* [${SECONDS}s]"; }
+fail() { failed=1; say "FAILED: $*"; }
+# Seconds a step may take: its own cap, less whatever would overrun the budget
+# (keeping $2 seconds for what must still follow).
+allot() {
+  local left=$((BUDGET_S - SECONDS - ${2:-0}))
+  left=$(( left < 0 ? 0 : left ))
+  echo $(( left < $1 ? left : $1 ))
+}
+# One line per test from pytest's JUnit XML; from its -v lines if it was cut short.
+pytest_lines() {
+  "$PY" - "$1" "$2" <<'PYEOF'
+import os, re, sys
+import xml.etree.ElementTree as ET
+xml, log = sys.argv[1:]
+counts = {}
+if os.path.exists(xml) and os.path.getsize(xml):
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        status, detail = "PASS", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = {"failure": "FAIL", "error": "ERROR", "skipped": "SKIP"}[child.tag]
+                detail = (child.get("message") or "").strip().splitlines()
+                detail = detail[0][:200] if detail else ""
+        counts[status] = counts.get(status, 0) + 1
+        name = case.get("classname", "").split(".")[-1] + "::" + case.get("name", "")
+        print(f"  {status:5s} {name} ({float(case.get('time') or 0):.1f}s)" + (f": {detail}" if detail else ""))
+else:  # killed by its timeout: what the verbose log shows
+    print("  (no JUnit report: the run was cut short; from the log)")
+    for line in open(log, errors="replace"):
+        m = re.match(r"(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", line)
+        if m:
+            status = {"PASSED": "PASS", "FAILED": "FAIL", "SKIPPED": "SKIP"}.get(m.group(2), m.group(2))
+            counts[status] = counts.get(status, 0) + 1
+            print(f"  {status:5s} {m.group(1)}")
+print("  total: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no test ran"))
+PYEOF
+}
+pytest_suite() {  # pytest_suite LABEL CAP_S RESERVE_S FILES...
+  local label=$1 cap=$2 reserve=$3; shift 3
+  local t; t=$(allot "$cap" "$reserve")
+  step "pytest $label (timeout ${t}s)"
+  if [ "$t" -lt 20 ]; then fail "$label: no time left"; return; fi
+  local extra=()
+  "$PY" -c "import pytest_timeout" 2> /dev/null && extra+=(--timeout 120)
+  timeout -k 10 "$t" "$PY" -m pytest -p no:cacheprovider -v -rA "${extra[@]}" \
+    --junitxml="$OUT/pytest-$label.xml" "$@" > "$OUT/pytest-$label.txt" 2>&1
+  local rc=$?
+  pytest_lines "$OUT/pytest-$label.xml" "$OUT/pytest-$label.txt" | tee -a "$SUMMARY"
+  case $rc in
+    0) ;;
+    124|137) fail "$label: timed out after ${t}s (see pytest-$label.txt)" ;;
+    *) fail "$label: pytest exited $rc (see pytest-$label.txt)" ;;
+  esac
+}
 
 step "machine"
 {
   date -Is
-  nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
-  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
-  nproc
-} 2>&1 | tee "$OUT/machine.txt"
-
-step "build"
-tests=OFF
-prefix=${CMAKE_PREFIX_PATH:-/usr}
-if [ -f "${prefix%%:*}/lib/x86_64-linux-gnu/libgtest.a" ] || [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ]; then
-  tests=ON
-fi
-# torch's CMake config for a CUDA build looks for the toolkit through nvcc's
-# directory and for NVRTC in it. nvcc may be a wrapper script, and a slim
-# toolkit may lack NVRTC: point at the real toolkit, and at the NVRTC that
-# torch's pip dependencies bring along.
-cuda_root=${CUDA_HOME:-${CUDA_PATH:-}}
-if [ -z "$cuda_root" ] && command -v nvcc > /dev/null; then
-  nvcc_real=$(readlink -f "$(command -v nvcc)")
-  if head -c 2 "$nvcc_real" | grep -q '#!'; then
-    nvcc_real=$(grep -o '/[^ "]*/bin/nvcc' "$nvcc_real" | head -1)
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
+  else
+    echo "nvidia-smi: not found"
   fi
-  cuda_root=$(dirname "$(dirname "$nvcc_real")")
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+  echo "python $PY, $(nproc) cores"
+} > "$OUT/machine.txt" 2>&1
+tee -a "$SUMMARY" < "$OUT/machine.txt"
+
+step "configure and build"
+cmake_args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY"
+            -DBATCHCAST_WITH_CUDA=ON)
+# CUDA's pip runtime wheel lacks the crt/ headers that cuda_runtime_api.h
+# includes: scripts/gpu-prepare.sh carries the nvidia-cuda-crt wheel of torch's
+# CUDA version (headers only). CMake uses it only where torch's own CUDA
+# headers lack crt/.
+torch_cuda=$("$PY" -c "import torch; print(torch.version.cuda or '')" 2> /dev/null)
+crt_wheel=$(ls .device/wheels/nvidia_cuda_crt-"$torch_cuda".*.whl 2> /dev/null | tail -1)
+if [ -n "$torch_cuda" ] && [ -n "$crt_wheel" ]; then
+  rm -rf "$BUILD/cuda-crt" && mkdir -p "$BUILD/cuda-crt"
+  "$PY" -m zipfile -e "$crt_wheel" "$BUILD/cuda-crt"
+  crt=$(dirname "$(dirname "$(find "$PWD/$BUILD/cuda-crt" -path '*/crt/host_defines.h' | head -1)")")
+  [ "$crt" != . ] && cmake_args+=(-DBATCHCAST_CUDA_CRT_INCLUDE_DIR="$crt")
 fi
-[ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda
-cuda_flags=(-DCUDA_TOOLKIT_ROOT_DIR="$cuda_root" -DCUDAToolkit_ROOT="$cuda_root"
-            -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc")
-if ! ls "$cuda_root"/lib64/libnvrtc.so* > /dev/null 2>&1; then
-  nvrtc=$($PY - <<'PYEOF'
-import glob, os, sys
-for p in sys.path:
-    for pattern in ("nvidia/*/lib/libnvrtc.so.*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.*"):
-        for hit in sorted(glob.glob(os.path.join(p, pattern))):
-            if "builtins" not in hit and ".alt." not in hit:
-                print(hit)
-                sys.exit()
-PYEOF
-)
-  [ -n "$nvrtc" ] && cuda_flags+=(-DCUDA_nvrtc_LIBRARY="$nvrtc")
-fi
-echo "CUDA toolkit: $cuda_root ${nvrtc:+(NVRTC: $nvrtc)}" | tee -a "$OUT/summary.txt"
 configure() {
-  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
-    -DBATCHCAST_WITH_CUDA=ON -DBATCHCAST_BUILD_TESTS=$1 "${cuda_flags[@]}" > "$OUT/configure.txt" 2>&1
+  rm -f "$BUILD/CMakeCache.txt"
+  timeout -k 10 120 cmake "${cmake_args[@]}" -DBATCHCAST_BUILD_TESTS="$1" > "$OUT/configure.txt" 2>&1
 }
-if ! configure $tests; then
-  echo "configure with tests=$tests failed (see configure.txt); retrying without C++ tests" | tee -a "$OUT/summary.txt"
+tests=ON
+if ! configure ON; then
+  say "configure with the C++ tests failed (see configure.txt); again without them"
   tests=OFF
-  rm -rf $BUILD
-  configure OFF || { echo "configure failed" | tee -a "$OUT/summary.txt"; tail -30 "$OUT/configure.txt"; exit 1; }
+  if ! configure OFF; then
+    fail "configure (see configure.txt)"
+    tail -30 "$OUT/configure.txt"
+    say "== done: FAILED at configure [${SECONDS}s]"
+    exit 1
+  fi
 fi
-if ! cmake --build $BUILD -j "$(nproc)" > "$OUT/build.txt" 2>&1; then
-  echo "build failed" | tee -a "$OUT/summary.txt"
-  grep -E "error|Error" "$OUT/build.txt" | head -40
+grep -E "^-- batchcast:" "$OUT/configure.txt" | sed 's/^-- /  /' | tee -a "$SUMMARY"
+if ! timeout -k 10 300 cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.txt" 2>&1; then
+  fail "build (see build.txt)"
+  grep -E -A3 "error|Error" "$OUT/build.txt" | head -40 | tee -a "$SUMMARY"
+  say "== done: FAILED at build [${SECONDS}s]"
   exit 1
 fi
-rm -rf $STAGE && mkdir -p $STAGE/batchcast
-cp python/batchcast/*.py $STAGE/batchcast/
-cp $BUILD/_C*.so $STAGE/batchcast/
+rm -rf "$STAGE" && mkdir -p "$STAGE"
+cp -r python/batchcast "$STAGE/"
+rm -rf "$STAGE"/batchcast/_C*.so "$STAGE"/batchcast/__pycache__  # never an older in-place build
+cp "$BUILD"/_C*.so "$STAGE/batchcast/"
 export PYTHONPATH="$PWD/$STAGE${PYTHONPATH:+:$PYTHONPATH}"
-$PY -c "import batchcast as bc; print('cuda_available', bc.cuda_available())" | tee -a "$OUT/summary.txt"
-if ! $PY -c "import batchcast as bc, sys; sys.exit(not bc.cuda_available())"; then
-  echo "NO GPU visible to batchcast: the GPU tests below skip, and this check fails" | tee -a "$OUT/summary.txt"
-  status=1
+say "built after ${SECONDS}s"
+
+step "import"
+# One CUDA runtime in the process, torch's: list every libcudart mapped.
+if "$PY" > "$OUT/import.txt" 2>&1 <<'PYEOF'
+import batchcast as bc, torch
+cudart = sorted({l.split(None, 5)[5].strip() for l in open("/proc/self/maps")
+                 if len(l.split(None, 5)) == 6 and "libcudart" in l})
+print("batchcast", bc.__version__, "from", bc.__file__)
+print("cuda_available", bc.cuda_available(), "| torch.cuda.is_available", torch.cuda.is_available())
+print("libcudart mapped:", ", ".join(cudart) or "none (static)")
+assert len(cudart) <= 1, "more than one libcudart in the process"
+PYEOF
+then
+  sed 's/^/  /' "$OUT/import.txt" | tee -a "$SUMMARY"
+else
+  sed 's/^/  /' "$OUT/import.txt" | tail -20 | tee -a "$SUMMARY"
+  fail "import batchcast"
+  say "== done: FAILED at import [${SECONDS}s]"
+  exit 1
 fi
-echo "built after ${SECONDS}s" | tee -a "$OUT/summary.txt"
+if "$PY" -c "import batchcast as bc, sys; sys.exit(not bc.cuda_available())" 2> /dev/null; then
+  gpu=1
+else
+  say "NO GPU visible to batchcast: the GPU tests skip and the benchmark does not run"
+fi
 
 if [ "$tests" = ON ]; then
-  step "C++ tests"
-  (cd $BUILD && timeout 120 ctest --output-on-failure) > "$OUT/ctest.txt" 2>&1 || status=1
-  tail -5 "$OUT/ctest.txt" | tee -a "$OUT/summary.txt"
+  t=$(allot 90 200)
+  step "C++ tests (ctest, timeout ${t}s)"
+  if [ "$t" -lt 10 ]; then
+    fail "ctest: no time left"
+  else
+    (cd "$BUILD" && timeout -k 10 "$t" ctest -V --timeout 60) > "$OUT/ctest.txt" 2>&1 || fail "ctest (see ctest.txt)"
+  fi
+  grep -E "Test +#[0-9]+:" "$OUT/ctest.txt" 2> /dev/null | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: /  /; s/ \.{2,} */: /' | tee -a "$SUMMARY"
+  grep -E "tests passed|tests failed" "$OUT/ctest.txt" 2> /dev/null | sed 's/^/  /' | tee -a "$SUMMARY"
+  # A skipped GoogleTest still counts as passed for ctest: name the skips.
+  grep -E "^[0-9]+: \[  SKIPPED \] [A-Za-z].* ms\)$" "$OUT/ctest.txt" 2> /dev/null | sed -E 's/^[0-9]+: /  /' | tee -a "$SUMMARY"
 fi
 
-step "Python tests (GPU, then the API suite)"
-timeout 240 $PY -m pytest -p no:cacheprovider -v -rs tests/python/test_gpu.py tests/python/test_api.py \
-  > "$OUT/pytest.txt" 2>&1 || status=1
-grep -E "passed|failed|PASSED|FAILED|SKIPPED|ERROR" "$OUT/pytest.txt" | tail -40 | tee -a "$OUT/summary.txt"
+pytest_suite gpu 180 180 tests/python/test_gpu.py
+pytest_suite api 150 120 tests/python/test_api.py
 
-step "GPU benchmark"
-left=$((BUDGET_S - SECONDS))
-bench=(--out "$OUT/gpu.json")
-[ "$left" -lt 240 ] && bench+=(--consumers 1 4)
-echo "benchmark budget: ${left}s" | tee -a "$OUT/summary.txt"
-if [ "$left" -gt 60 ]; then
-  timeout "$left" $PY benchmarks/gpu.py "${bench[@]}" > "$OUT/benchmark.txt" 2>&1 || status=1
+t=$(allot 400 5)
+step "GPU benchmark (timeout ${t}s)"
+if [ "$gpu" = 0 ]; then
+  say "  skipped: no GPU"
+elif [ "$t" -lt 60 ]; then
+  fail "benchmark: no time left"
 else
-  echo "no time left for the benchmark" | tee -a "$OUT/summary.txt"
-  status=1
+  bench=(--out "$OUT/gpu.json" --run-timeout $((t / 4)))
+  [ "$t" -lt 300 ] && bench+=(--consumers 1 4)  # 6 runs instead of 9
+  timeout -k 10 "$t" "$PY" benchmarks/gpu.py "${bench[@]}" > "$OUT/benchmark.txt" 2>&1 || fail "benchmark (see benchmark.txt)"
+  if grep -q "^Samples/s" "$OUT/benchmark.txt"; then
+    sed -n '/^Samples\/s/,$p' "$OUT/benchmark.txt" | tee -a "$SUMMARY"
+  elif [ -s "$OUT/gpu.json" ]; then  # cut short: the configurations it finished
+    "$PY" - "$OUT/gpu.json" <<'PYEOF' | tee -a "$SUMMARY"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("partial results (samples/s, median [min, max]):")
+for key, t in r["table"].items():
+    print(f"  {key:12s} {t['median']:8.0f} [{t['min']:.0f}, {t['max']:.0f}]")
+for e in r["errors"]:
+    print("  FAILED:", e)
+PYEOF
+  else
+    tail -15 "$OUT/benchmark.txt" | tee -a "$SUMMARY"
+  fi
 fi
-tail -15 "$OUT/benchmark.txt" | tee -a "$OUT/summary.txt"
 
-step "done: status $status"
+status=$failed
+[ "$failed" = 0 ] && [ "$gpu" = 0 ] && status=2
+case $status in
+  0) step "done: PASSED on the GPU" ;;
+  1) step "done: FAILED (see above)" ;;
+  2) step "done: no GPU visible; everything that ran without one passed (status 2)" ;;
+esac
 exit $status

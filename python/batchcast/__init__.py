@@ -4,6 +4,8 @@
     loader = bc.Consumer("demo", batch_size=48)          # each training process
 """
 
+import torch  # noqa: F401  (first: _C links against torch's libraries)
+
 from ._C import (
     PROTOCOL_VERSION,
     CudaError,

@@ -6,6 +6,7 @@
 
 import torch  # noqa: F401  (first: _C links against torch's libraries)
 
+from . import _C, _report
 from ._C import (
     PROTOCOL_VERSION,
     CudaError,
@@ -17,25 +18,29 @@ from ._C import (
     RebatchError,
     Refused,
 )
+from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning
 from .consumer import Consumer
 from .producer import Producer
 
 __version__ = "0.1.0"
 
+_C.set_report_handler(_report.handle)
+
 
 def cuda_available() -> bool:
     """Whether this batchcast can serve and receive batches in GPU memory here:
     built with its CUDA transport, and at least one GPU visible."""
-    from ._C import cuda_built, cuda_device_count
-
-    return bool(cuda_built()) and cuda_device_count() > 0
+    return bool(_C.cuda_built()) and _C.cuda_device_count() > 0
 
 
 __all__ = [
+    "BatchcastWarning",
     "Consumer",
     "CudaError",
     "Error",
     "Evicted",
+    "KeptBatchesWarning",
+    "LingerWarning",
     "LoaderError",
     "NameInUse",
     "PROTOCOL_VERSION",

@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-TEXT, JSON = 1, 2
+from ._C import ListKind
+
+TEXT, JSON = ListKind.TEXT, ListKind.JSON
 _PLAIN = (str, int, float, bool, type(None))
 
 

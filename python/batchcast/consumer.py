@@ -14,9 +14,16 @@ from ._structure import unflatten
 class Consumer:
     """Iterate it like a DataLoader: each ``iter()`` is one epoch.
 
+    ``batch_size`` is this trainer's own; without one, the producer's loader
+    batches arrive as they are (``len()`` is the loader's).
+
     Tensors are read-only views of shared memory (modify copies, not them); they
     stay valid for as long as you hold them, and the producer reuses their
-    memory only after every consumer has dropped them.
+    memory only after every consumer has dropped them. Keeping many batches is
+    fine, as with a DataLoader: once what you keep pins more than this
+    consumer's share of the producer's ring, new batches arrive as private
+    copies instead (a ``batchcast.KeptBatchesWarning`` says so once), so that
+    nobody waits for you.
 
     ``device`` says where batches arrive. By default, where the producer put
     them: host shared memory, or the producer's GPU (zero-copy views; the
@@ -30,7 +37,7 @@ class Consumer:
     def __init__(
         self,
         name: str,
-        batch_size: int,
+        batch_size: int | None = None,
         *,
         drop_last: bool = False,
         timeout: float = 30.0,
@@ -38,16 +45,27 @@ class Consumer:
         device: Any = None,
         runtime_dir: str | None = None,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+            raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
         if late_join not in ("next_epoch", "catch_up"):
             raise ValueError(f"late_join must be 'next_epoch' or 'catch_up', not {late_join!r}")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
-        kind, cuda_device = ("", -1) if device is None else parse_device(device, "device")
-        self._core = _C.Consumer(name, batch_size, self.drop_last, float(timeout),
-                                 runtime_dir or "", late_join == "catch_up", kind, cuda_device)
+        placement, cuda_device = _C.Placement.AUTO, -1
+        if device is not None:
+            kind, cuda_device = parse_device(device, "device")
+            placement = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
+        self._core = _C.Consumer(
+            name=name,
+            batch_size=batch_size,
+            drop_last=self.drop_last,
+            timeout=float(timeout),
+            runtime_dir=runtime_dir or "",
+            catch_up=late_join == "catch_up",
+            placement=placement,
+            cuda_device=cuda_device,
+        )
         self._stats: dict | None = None
 
     def __iter__(self) -> Iterator[Any]:

@@ -24,6 +24,14 @@ def _samples_per_epoch(loader: Any) -> int:
     return -1
 
 
+def _batches_per_epoch(loader: Any) -> int:
+    """Batches the loader yields per epoch (its len()), or -1 when it has none."""
+    try:
+        return int(len(loader))
+    except (TypeError, NotImplementedError):
+        return -1
+
+
 class Producer:
     """Serves the batches of `loader` to every `batchcast.Consumer` of `name`.
 
@@ -55,8 +63,6 @@ class Producer:
         linger: float = 30.0,
     ) -> None:
         kind, cuda_device = parse_device(device, "device")
-        if not (isinstance(linger, (int, float)) and linger >= 0):
-            raise ValueError(f"linger must be >= 0 seconds, not {linger!r}")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 0):
             raise ValueError(f"epochs must be None (serve until stopped) or an int >= 0, not {epochs!r}")
         if not isinstance(min_consumers, int) or min_consumers < 1:
@@ -69,13 +75,17 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
-        if straggler_timeout is not None and not straggler_timeout > 0:
-            raise ValueError(f"straggler_timeout must be None or > 0 seconds, not {straggler_timeout!r}")
         self._core = _C.Producer(
-            name, runtime_dir or "", int(slots), int(ring_bytes), int(samples_per_epoch),
-            float(straggler_timeout or 0.0),
-            -1 if catch_up_window is None else int(catch_up_window),
-            cuda_device if kind == "cuda" else -1, float(linger),
+            name=name,
+            runtime_dir=runtime_dir or "",
+            slots=int(slots),
+            ring_bytes=int(ring_bytes),
+            samples_per_epoch=int(samples_per_epoch),
+            batches_per_epoch=_batches_per_epoch(loader),
+            straggler_timeout=None if straggler_timeout is None else float(straggler_timeout),
+            catch_up_window=None if catch_up_window is None else int(catch_up_window),
+            cuda_device=cuda_device if kind == "cuda" else -1,
+            linger=float(linger),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()

@@ -1,12 +1,15 @@
-// The ring's lanes: FIFO placement, back-to-back batches, wrap, reuse only
-// after release, and the shared memory region itself.
+// The ring's lanes: back-to-back batches, wrap, reuse only after release,
+// slots held long as holes that allocation skips, and the shared memory
+// region itself.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 
 #include "batchcast/common/error.h"
-#include "batchcast/ring/ring.h"
+#include "batchcast/ring/lane_allocator.h"
+#include "batchcast/ring/shared_region.h"
 
 using namespace batchcast;
 
@@ -27,16 +30,40 @@ TEST(LaneAllocator, NeverReusesUnreleasedSpace) {
   std::vector<LaneAllocator::Slot> slots;
   while (auto s = lanes.try_allocate({1000}, {1})) slots.push_back(*s);
   ASSERT_EQ(slots.size(), 4u);  // 4 x 1000 in 4096
-  // Releasing a later slot frees nothing: space comes back in FIFO order.
+  // Freeing a later slot frees its space, whatever is still held before it.
   EXPECT_TRUE(lanes.release(slots[2].seq));
+  auto hole = lanes.try_allocate({1000}, {1});
+  ASSERT_TRUE(hole);
+  EXPECT_EQ(hole->offsets[0], 2000u);  // where slot 2 was; slots 0, 1, 3 untouched
   EXPECT_FALSE(lanes.try_allocate({1000}, {1}));
   EXPECT_TRUE(lanes.release(slots[0].seq));
   auto again = lanes.try_allocate({1000}, {1});
   ASSERT_TRUE(again);
-  EXPECT_EQ(again->offsets[0], 0u);  // wrapped to the front, where slot 0 was
+  EXPECT_EQ(again->offsets[0], 0u);
   EXPECT_FALSE(lanes.try_allocate({1000}, {1}));  // slot 1 still live at 1000
   EXPECT_FALSE(lanes.release(slots[2].seq));      // double release is refused
   EXPECT_FALSE(lanes.release(12345));
+}
+
+TEST(LaneAllocator, ASlotHeldForeverIsAHoleNotAWall) {
+  // A consumer keeps the first batch; the others go round and round past it.
+  LaneAllocator lanes({4096});
+  auto kept = lanes.try_allocate({1000}, {1});
+  ASSERT_TRUE(kept);
+  std::deque<LaneAllocator::Slot> flowing;
+  int back_to_back = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto s = lanes.try_allocate({1000}, {1});
+    ASSERT_TRUE(s) << "batch " << i << " found no room beside the kept slot";
+    EXPECT_TRUE(s->offsets[0] >= 1000u) << "overlaps the kept slot";
+    if (!flowing.empty() && s->offsets[0] == flowing.back().offsets[0] + 1000) back_to_back += 1;
+    flowing.push_back(*s);
+    if (flowing.size() == 2) {  // two in flight, released in order
+      EXPECT_TRUE(lanes.release(flowing.front().seq));
+      flowing.pop_front();
+    }
+  }
+  EXPECT_GT(back_to_back, 400);  // consecutive batches stay contiguous except at a wrap
 }
 
 TEST(LaneAllocator, AllocationsNeverOverlapLiveOnes) {

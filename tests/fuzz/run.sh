@@ -13,20 +13,28 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 python3 - "$out/corpus" <<'PY'
 import struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-head = lambda kind: struct.pack("<IHH", 0x54534342, 1, kind)
+VERSION = 3  # protocol::kVersion
+head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
+host_ring = struct.pack("<iQB", 5, 4096, 0)
+gpu_ring = (struct.pack("<iQB", -1, 4096, 1) + b"\x5a" * 16 + struct.pack("<B", 1) + b"\x01" * 64
+            + struct.pack("<I", 2) + b"\x02" * 128)
 seeds = {
-    "hello": head(1) + struct.pack("<qI", 42, 0),
-    "welcome": head(2) + struct.pack("<qiQQqqq", 42, 5, 4096, 1, 0, 100, 8),
-    "refuse": head(3) + text(b"no"),
-    "announce": head(4) + struct.pack("<qqQq", 0, 1, 2, 2) + text(b"[]") + struct.pack("<I", 2)
+    "hello": head(1) + struct.pack("<qI", 42, 1),
+    "welcome": head(2) + struct.pack("<q", 42) + host_ring + struct.pack("<Qqqqqi", 1, 0, 100, 13, 8, 2),
+    "welcome-gpu": head(2) + struct.pack("<q", 42) + gpu_ring + struct.pack("<Qqqqqi", 1, 0, -1, -1, 8, 0),
+    "refuse": head(3, 7) + text(b"no"),
+    "announce": head(4) + struct.pack("<qqQiiq", 0, 1, 2, -1, 1, 2) + text(b"[]") + struct.pack("<I", 2)
         + struct.pack("<BBB", 1, 6, 2) + struct.pack("<qqQ", 2, 3, 64)
         + struct.pack("<BBI", 2, 1, 2) + text(b"a") + text(b"bc"),
     "epoch_end": head(5) + struct.pack("<qqq", 0, 10, 2),
     "failed": head(6) + struct.pack("<q", 0) + text(b"ValueError: x"),
     "finished": head(7) + struct.pack("<q", 2),
     "release": head(9) + struct.pack("<IQQ", 2, 1, 2),
-    "ring": head(11) + struct.pack("<iQ", 5, 4096),
+    "bye": head(10),
+    "ring": head(11) + gpu_ring,
+    "evicted": head(12) + text(b"too slow"),
+    "unmapped": head(13),
 }
 for k, v in seeds.items():
     (d / k).write_bytes(v)

@@ -93,6 +93,22 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def eventually(condition, what: str, timeout: float = 30.0):
+    """Waits until condition() is true (returning its value); fails naming
+    `what` after `timeout` seconds. For states another process or thread
+    reaches (a stats value, a file), never a fixed sleep."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
 def expected_sizes(n: int, b: int, drop_last: bool) -> list[int]:
     """Consumer batch sizes for n samples in batches of b."""
     sizes = [b] * (n // b)

@@ -13,6 +13,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import sys
 import time
 
@@ -24,15 +25,17 @@ import batchcast as bc
 Sample = collections.namedtuple("Sample", ["image", "label", "meta"])
 
 
-def expected_image(i: int) -> torch.Tensor:
-    return (torch.arange(12, dtype=torch.float32).view(3, 2, 2) + i * 0.5)
+def expected_image(i: int, width: int = 2) -> torch.Tensor:
+    return (torch.arange(6 * width, dtype=torch.float32).view(3, 2, width) + i * 0.5)
 
 
 class IdDataset(Dataset):
     """Sample i: (image derived from i, i, "file-i.jpg") in the chosen structure."""
 
-    def __init__(self, n: int, kind: str = "tuple", fail_at: int = -1, bad_shape_at: int = -1):
+    def __init__(self, n: int, kind: str = "tuple", fail_at: int = -1, bad_shape_at: int = -1,
+                 width: int = 2):
         self.n, self.kind, self.fail_at, self.bad_shape_at = n, kind, fail_at, bad_shape_at
+        self.width = width
 
     def __len__(self) -> int:
         return self.n
@@ -40,7 +43,7 @@ class IdDataset(Dataset):
     def __getitem__(self, i: int):
         if i == self.fail_at:
             raise ValueError(f"corrupt sample {i}")
-        image = expected_image(i)
+        image = expected_image(i, self.width)
         if self.bad_shape_at >= 0 and i >= self.bad_shape_at:
             image = torch.zeros(3, 3, 3)
         if self.kind == "tuple":
@@ -75,12 +78,32 @@ def check_values(batch) -> None:
         assert batch.meta["flag"].tolist() == [i % 2 == 0 for i in ids]
     else:
         image = batch[0]
-    want = torch.stack([expected_image(i) for i in ids]) if ids else image.cpu()
+    width = image.shape[-1]
+    want = torch.stack([expected_image(i, width) for i in ids]) if ids else image.cpu()
     assert torch.equal(image.cpu(), want), "payload differs from its sample id"
 
 
+def count_signals(sig: int) -> list[int]:
+    """Installs a Python handler for `sig` (as a profiler or a scheduler
+    would) and returns the one-item list it counts into."""
+    received = [0]
+
+    def handler(signum, frame):
+        received[0] += 1
+
+    signal.signal(sig, handler)
+    return received
+
+
+def stop_counting(sig: int) -> None:
+    """Done: ignore `sig` from now on. (Python's own shutdown would put back
+    the default action, which for SIGUSR1 is to terminate.)"""
+    signal.signal(sig, signal.SIG_IGN)
+
+
 def produce(args: argparse.Namespace) -> None:
-    ds = IdDataset(args.samples, args.kind, args.fail_at, args.bad_shape_at)
+    signals = count_signals(signal.SIGUSR1) if args.count_signals else None
+    ds = IdDataset(args.samples, args.kind, args.fail_at, args.bad_shape_at, args.width)
     generator = torch.Generator().manual_seed(args.seed) if args.shuffle else None
     collate = None
     if args.kind == "object":  # default_collate refuses objects; pass them through as a list
@@ -91,16 +114,24 @@ def produce(args: argparse.Namespace) -> None:
     producer = bc.Producer(loader, args.name, epochs=args.epochs, device=args.device or "cpu",
                            min_consumers=args.min_consumers, slots=args.slots,
                            ring_bytes=args.ring_bytes)
+    if args.ready:
+        open(args.ready, "w").close()  # serving, handler installed
     try:
         producer.run()
     finally:
-        print(json.dumps(producer.stats()), flush=True)
+        stats = producer.stats()
+        if signals is not None:
+            stats["signals"] = signals[0]
+            stop_counting(signal.SIGUSR1)
+        print(json.dumps(stats), flush=True)
 
 
 def consume(args: argparse.Namespace) -> None:
-    consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
+    signals = count_signals(signal.SIGUSR1) if args.count_signals else None
+    consumer = bc.Consumer(args.name, batch_size=args.batch_size or None, drop_last=args.drop_last,
                            timeout=args.timeout, device=args.device or None)
-    result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid()}
+    result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
+              "max_wait": 0.0}
     kept = []  # --keep: a user who stores batches instead of clones of them
     if args.ready:
         open(args.ready, "w").close()  # joined
@@ -111,7 +142,14 @@ def consume(args: argparse.Namespace) -> None:
     try:
         for _ in range(args.epochs):
             ids, sizes = [], []
-            for batch in consumer:
+            batches = iter(consumer)
+            while True:
+                asked = time.monotonic()
+                batch = next(batches, None)
+                if ids:  # the wait for each batch after the first of the epoch
+                    result["max_wait"] = max(result["max_wait"], time.monotonic() - asked)
+                if batch is None:
+                    break
                 if args.check_values:
                     check_values(batch)
                 ids += sample_ids(batch)
@@ -124,16 +162,17 @@ def consume(args: argparse.Namespace) -> None:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
             result["sizes"].append(sizes)
-            if args.keep and args.check_kept:
-                # Every batch of the epoch is still referenced: none may have
-                # been overwritten while the producer went on.
-                time.sleep(args.check_kept)
-                for batch in kept:
-                    check_values(batch)
-                kept.clear()
+        # Every batch of every epoch is still referenced: none may have been
+        # overwritten while the producer went on.
+        for batch in kept:
+            check_values(batch)
+        result["kept"] = sum(len(sample_ids(b)) for b in kept)
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["stats"] = consumer.stats()
+    if signals is not None:
+        result["signals"] = signals[0]
+        stop_counting(signal.SIGUSR1)
     batch = None  # the loop variable still held the last batch
     kept.clear()
     if str(result["stats"].get("device", "")).startswith("cuda"):
@@ -145,6 +184,17 @@ def consume(args: argparse.Namespace) -> None:
     consumer.close()
     with open(args.out, "w") as f:
         json.dump(result, f)
+
+
+def quiet() -> None:
+    """What a user does to silence batchcast: ignore its warnings and give its
+    logger a handler that drops records."""
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore", bc.BatchcastWarning)
+    logging.getLogger("batchcast").addHandler(logging.NullHandler())
+    logging.getLogger("batchcast").propagate = False
 
 
 def main() -> None:
@@ -162,20 +212,25 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--bad-shape-at", type=int, default=-1)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="0: the loader's batches as they are")
     parser.add_argument("--drop-last", action="store_true")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--check-values", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0)
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--check-kept", type=float, default=0.0,
-                        help="with --keep: after each epoch, wait this long, then check every kept batch")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep every batch to the end, then check every value")
+    parser.add_argument("--width", type=int, default=2, help="sample images are 3 x 2 x width")
+    parser.add_argument("--count-signals", action="store_true",
+                        help="install a SIGUSR1 handler and report how many arrived")
     parser.add_argument("--device", default="", help="producer: where the ring is; consumer: where batches go")
     parser.add_argument("--ring-bytes", type=int, default=0)
     parser.add_argument("--write-in-place", action="store_true")
-    parser.add_argument("--ready", default="", help="file to create once joined")
+    parser.add_argument("--ready", default="", help="file to create once joined (producer: serving)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--quiet", action="store_true", help="silence batchcast's warnings and logs")
     args = parser.parse_args()
+    if args.quiet:
+        quiet()
     produce(args) if args.role == "produce" else consume(args)
 
 

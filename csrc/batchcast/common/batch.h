@@ -10,16 +10,9 @@
 #include <variant>
 #include <vector>
 
-#include "batchcast/protocol/message.h"
+#include "batchcast/common/items.h"
 
 namespace batchcast {
-
-using protocol::ListKind;
-
-struct Items {
-  ListKind kind = ListKind::Text;
-  std::vector<std::string> values;
-};
 
 using Leaf = std::variant<at::Tensor, Items>;
 
@@ -29,9 +22,5 @@ struct Batch {
   std::string layout;
   std::vector<Leaf> leaves;
 };
-
-// Wire dtype <-> torch dtype. Throws InvalidArgument for dtypes batchcast cannot share.
-protocol::DType to_wire(c10::ScalarType type);
-c10::ScalarType from_wire(protocol::DType type);
 
 }  // namespace batchcast

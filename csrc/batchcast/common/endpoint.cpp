@@ -110,12 +110,14 @@ Wakeup::Wakeup() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
 
 void Wakeup::notify() {
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(fd_.get(), &one, sizeof(one));
+  while (::write(fd_.get(), &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
 }
 
 void Wakeup::drain() {
   uint64_t value = 0;
-  [[maybe_unused]] ssize_t n = ::read(fd_.get(), &value, sizeof(value));
+  while (::read(fd_.get(), &value, sizeof(value)) < 0 && errno == EINTR) {
+  }
 }
 
 bool process_alive(long pid) {
@@ -124,10 +126,16 @@ bool process_alive(long pid) {
   // A killed process that its parent has not reaped yet still answers kill(0):
   // read its state from /proc and count a zombie as gone.
   std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd;
+  do {
+    fd = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  } while (!fd.valid() && errno == EINTR);
   if (!fd.valid()) return errno != ENOENT;
   char buf[512];
-  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  ssize_t n;
+  do {
+    n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  } while (n < 0 && errno == EINTR);
   if (n <= 0) return true;
   std::string stat(buf, static_cast<size_t>(n));
   auto close_paren = stat.rfind(')');

@@ -1,19 +1,25 @@
-// The consumer core: joins a producer by name, maps its ring once, and yields
-// batches of its own size, epoch by epoch. Usable from C++ alone; the Python
-// Consumer is a thin adapter over it.
+// The consumer: joins a producer by name and yields batches of its own size,
+// epoch by epoch. A short coordinator over the Channel (consumer/channel.h:
+// the connection and the mapped ring) and the Rebatcher. Usable from C++
+// alone; the Python Consumer is a thin adapter over it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <c10/core/Device.h>
 
 #include "batchcast/common/batch.h"
+#include "batchcast/common/report.h"
 #include "batchcast/consumer/rebatcher.h"
 
 namespace batchcast {
+
+class Channel;
 
 // Where a consumer wants its batches.
 enum class Placement {
@@ -24,13 +30,30 @@ enum class Placement {
 
 struct ConsumerOptions {
   std::string name;
-  int64_t batch_size = 1;
+  // Samples per batch; none: the producer's loader batches as they are.
+  std::optional<int64_t> batch_size;
   bool drop_last = false;
   double timeout = 30.0;    // seconds to wait for the producer to answer
   bool catch_up = false;    // joining mid-epoch: that epoch from its start, if retained
   std::string runtime_dir;  // empty: the per-user default
   Placement placement = Placement::Auto;
   int cuda_device = -1;     // with Placement::Cuda
+  Reporter reporter;        // where warnings go (none: nowhere)
+  // Called about every 100 ms on the caller's thread while a call blocks; it
+  // may throw to abandon the call (the Python binding checks for signals).
+  std::function<void()> interrupt;
+
+  template <typename Visit>
+  void visit(Visit&& v) {
+    v("name", name);
+    v("batch_size", batch_size);
+    v("drop_last", drop_last);
+    v("timeout", timeout);
+    v("catch_up", catch_up);
+    v("runtime_dir", runtime_dir);
+    v("placement", placement);
+    v("cuda_device", cuda_device);
+  }
 };
 
 struct ConsumerStats {
@@ -42,7 +65,10 @@ struct ConsumerStats {
   int64_t views = 0;            // tensors that are views of shared memory
   int64_t copies = 0;           // tensors concatenated across a ring wrap or a spill
   int64_t spills = 0;           // times pending samples were copied out of the ring
+  int64_t private_copies = 0;   // loader batches copied because kept batches pinned our share
   int64_t slots_held = 0;       // ring slots this process still references
+  int64_t slots_pinned = 0;     // of those, slots of batches kept beyond the current one
+  int32_t pin_budget = 0;       // slots it may pin before taking private copies
   int64_t dropped_messages = 0; // malformed or unexpected messages ignored
   std::string device;           // where batches are handed out: "cpu", "cuda:N"
   // How loader batches get there: "shared-memory" (host views), "view" (GPU
@@ -52,14 +78,39 @@ struct ConsumerStats {
   int64_t ipc_memory_opens = 0; // CUDA IPC memory handles opened (one per ring allocation)
   int64_t ipc_event_opens = 0;  // CUDA IPC event handles opened (once, at join)
   int64_t transfers = 0;        // loader batches copied to this consumer's device
-};
+  uint64_t ring_address = 0;    // where the ring is mapped in this process (0: not mapped)
+  uint64_t ring_bytes = 0;
 
-class Channel;
+  template <typename Visit>
+  void visit(Visit&& v) const {
+    v("id", id);
+    v("epoch", epoch);
+    v("batches", batches);
+    v("samples", samples);
+    v("loader_batches", loader_batches);
+    v("views", views);
+    v("copies", copies);
+    v("spills", spills);
+    v("private_copies", private_copies);
+    v("slots_held", slots_held);
+    v("slots_pinned", slots_pinned);
+    v("pin_budget", pin_budget);
+    v("dropped_messages", dropped_messages);
+    v("device", device);
+    v("transfer", transfer);
+    v("ipc_memory_opens", ipc_memory_opens);
+    v("ipc_event_opens", ipc_event_opens);
+    v("transfers", transfers);
+    v("ring_address", ring_address);
+    v("ring_bytes", ring_bytes);
+  }
+};
 
 class Consumer {
  public:
   // Connects and waits up to options.timeout for the producer. Throws
-  // ProducerLost on timeout, Refused on a protocol mismatch.
+  // ProducerLost on timeout, Refused on a protocol mismatch, InvalidArgument
+  // for bad options, CudaError when the producer's GPU cannot be used here.
   explicit Consumer(ConsumerOptions options);
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
@@ -69,7 +120,7 @@ class Consumer {
   // returns its number.
   int64_t begin_epoch();
   // The next batch of the current epoch, or nullopt at its end. Throws
-  // ProducerLost, LoaderError, RebatchError.
+  // ProducerLost, Evicted, LoaderError, RebatchError.
   std::optional<Batch> next();
   // True once the producer said it serves no more epochs and this one is empty.
   bool finished() const { return finished_; }
@@ -84,13 +135,16 @@ class Consumer {
   enum class Transfer { SharedMemory, View, Peer, HostStaged, DeviceToHost };
   void place(const protocol::Ring& ring);
   void receive(protocol::Announcement& a);
+  int64_t pinned_beyond(uint64_t incoming) const;
 
   ConsumerOptions options_;
   std::shared_ptr<Channel> channel_;
   Transfer transfer_ = Transfer::SharedMemory;
-  c10::Device device_ = c10::kCPU;   // where batches are handed out
-  int ring_device_ = -1;             // the producer's GPU as numbered in this process
+  c10::Device device_ = c10::kCPU;  // where batches are handed out
   int64_t transfers_ = 0;
+  int64_t private_copies_ = 0;
+  int32_t pin_budget_ = 0;
+  bool warned_keeping_ = false;
   Rebatcher rebatcher_;
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;
@@ -99,6 +153,7 @@ class Consumer {
   bool finished_ = false;
   uint64_t id_ = 0;
   int64_t samples_per_epoch_ = -1;
+  int64_t loader_batches_per_epoch_ = -1;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
 };

@@ -5,9 +5,12 @@
 #include <sstream>
 
 #include "batchcast/common/error.h"
+#include "batchcast/protocol/dtype.h"
 
 namespace batchcast {
 namespace {
+
+using protocol::from_wire;
 
 struct Piece {
   const LoaderBatch* batch;
@@ -25,16 +28,24 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-Rebatcher::Rebatcher(int64_t batch_size, bool drop_last)
+Rebatcher::Rebatcher(std::optional<int64_t> batch_size, bool drop_last)
     : batch_size_(batch_size), drop_last_(drop_last) {
-  if (batch_size <= 0) throw InvalidArgument("batch_size must be a positive integer");
+  if (batch_size_ && *batch_size_ <= 0) throw InvalidArgument("batch_size must be a positive int");
+}
+
+std::vector<uint64_t> Rebatcher::pending_slots() const {
+  std::vector<uint64_t> out;
+  for (const LoaderBatch& b : pending_) {
+    if (!b.spilled()) out.push_back(b.token->seq());
+  }
+  return out;
 }
 
 void Rebatcher::push(LoaderBatch batch) {
   if (batch.announcement.samples == 0) return;  // nothing to hand out; token releases now
   buffered_ += batch.announcement.samples;
   pending_.push_back(std::move(batch));
-  if (buffered_ < batch_size_) {
+  if (batch_size_ && buffered_ < *batch_size_) {
     int64_t in_ring = 0;
     for (const LoaderBatch& b : pending_) in_ring += b.spilled() ? 0 : 1;
     if (in_ring > max_pending_) spill();
@@ -73,8 +84,12 @@ void Rebatcher::spill() {
 }
 
 std::optional<Batch> Rebatcher::pop() {
-  if (buffered_ < batch_size_) return std::nullopt;
-  return take(batch_size_);
+  if (!batch_size_) {  // forward: one loader batch, whole
+    if (pending_.empty()) return std::nullopt;
+    return take(pending_.front().announcement.samples - front_used_);
+  }
+  if (buffered_ < *batch_size_) return std::nullopt;
+  return take(*batch_size_);
 }
 
 std::optional<Batch> Rebatcher::flush() {
@@ -102,6 +117,10 @@ Batch Rebatcher::take(int64_t n) {
     if (need == 0) break;
   }
 
+  last_slots_.clear();
+  for (const Piece& p : pieces) {
+    if (!p.batch->spilled()) last_slots_.push_back(p.batch->token->seq());
+  }
   const protocol::Announcement& first = pieces.front().batch->announcement;
   Batch out;
   out.epoch = first.epoch;

@@ -1,7 +1,8 @@
 // Turns the stream of loader batches of one epoch into batches of the
 // consumer's own size, exactly once and in order. A consumer batch whose
 // samples lie back to back in the ring is a view of shared memory; one that
-// straddles a wrap of the ring is a single copy.
+// straddles a wrap of the ring is a single copy. Without a batch size it
+// forwards each loader batch as it is.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -11,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "batchcast/common/batch.h"
 #include "batchcast/protocol/message.h"
@@ -67,7 +69,8 @@ struct RebatchStats {
 
 class Rebatcher {
  public:
-  Rebatcher(int64_t batch_size, bool drop_last);
+  // batch_size: samples per batch handed out; none: each loader batch as it is.
+  Rebatcher(std::optional<int64_t> batch_size, bool drop_last);
 
   // At most this many ring slots stay pending while a batch is incomplete;
   // beyond it the pending samples are copied out so that the producer, whose
@@ -83,13 +86,18 @@ class Rebatcher {
 
   int64_t buffered() const { return buffered_; }
   const RebatchStats& stats() const { return stats_; }
+  // Ring slots held by loader batches still pending here.
+  std::vector<uint64_t> pending_slots() const;
+  // Ring slots the batch handed out last is a view of.
+  const std::vector<uint64_t>& last_batch_slots() const { return last_slots_; }
 
  private:
   Batch take(int64_t n);
   void spill();
 
-  int64_t batch_size_;
+  std::optional<int64_t> batch_size_;
   bool drop_last_;
+  std::vector<uint64_t> last_slots_;
   std::deque<LoaderBatch> pending_;
   int64_t front_used_ = 0;  // samples of pending_.front() already handed out
   int64_t buffered_ = 0;

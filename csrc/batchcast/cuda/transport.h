@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "batchcast/common/error.h"
+#include "batchcast/protocol/message.h"
 
 namespace batchcast::cuda {
 
-constexpr std::size_t kUuidBytes = 16;
-constexpr std::size_t kHandleBytes = 64;  // cudaIpcMemHandle_t, cudaIpcEventHandle_t
+// Sizes of a GPU UUID and of cudaIpcMemHandle_t / cudaIpcEventHandle_t, as on the wire.
+using protocol::kHandleBytes;
+using protocol::kUuidBytes;
 
 // True when this build contains the CUDA transport.
 bool built();
@@ -53,8 +55,11 @@ class DeviceRing {
   std::vector<std::string> event_handles() const;
 
   // A pinned host buffer of at least `bytes` whose previous copy has finished.
+  // Two buffers alternate; staging_index() says which one the next call gives.
   std::byte* staging(uint64_t bytes);
-  // Queues a copy of staged bytes into the ring on the copy stream.
+  int staging_index() const { return current_; }
+  // Queues a copy of host bytes (staged, or pinned memory of the caller's that
+  // stays untouched until the copy is done) into the ring on the copy stream.
   void copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t bytes);
   // After a batch's copies: records slot event `event` on the copy stream
   // (consumers' streams wait on it) and hands the staging buffer back.

@@ -1,6 +1,9 @@
-// The producer core: owns the ring, the ROUTER socket and the membership, and
-// publishes each loader batch once. The caller (the Python package, or a C++
-// program) drives epochs and hands over batches; one I/O thread does the rest.
+// The producer: publishes each loader batch once into the ring and announces
+// it. A short coordinator over three parts a reader can find by name:
+// the Ring (ring/ring.h: where batches live), the Membership
+// (producer/membership.h: who gets what, who holds what) and one I/O thread
+// that moves bytes between them and the consumers' sockets. The caller (the
+// Python package, or a C++ program) drives epochs from one thread.
 #pragma once
 
 #include <atomic>
@@ -8,20 +11,22 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/endpoint.h"
-#include "batchcast/cuda/transport.h"
+#include "batchcast/common/report.h"
+#include "batchcast/producer/membership.h"
 #include "batchcast/protocol/message.h"
 #include "batchcast/ring/ring.h"
 
@@ -29,47 +34,91 @@ namespace batchcast {
 
 struct ProducerOptions {
   std::string name;
-  std::string runtime_dir;        // empty: the per-user default
-  int64_t slots = 8;              // the ring holds this many batches the size of the first
-  uint64_t ring_bytes = 0;        // lower bound on the ring's size
-  int64_t samples_per_epoch = -1; // -1 unknown; learned after the first epoch
-  double straggler_timeout = 0;   // > 0: evict a consumer holding the oldest slot this
-                                  // long while the producer waits for ring space
-  int64_t catch_up_window = -1;   // first batches of each epoch kept for catch-up
-                                  // joins; -1: slots / 2, 0: none
-  int cuda_device = -1;           // >= 0: the ring is GPU memory on this device
-  double linger = 30.0;           // GPU ring: seconds the destructor waits for consumers
-                                  // to unmap it before freeing it
-};
+  std::string runtime_dir;         // empty: the per-user default
+  int64_t slots = 8;               // the ring holds this many batches the size of the first
+  uint64_t ring_bytes = 0;         // lower bound on the ring's size
+  int64_t samples_per_epoch = -1;  // -1 unknown; learned after the first epoch
+  int64_t batches_per_epoch = -1;  // loader batches per epoch; -1 unknown
+  // Evict a consumer that leaves a batch unconsumed this many seconds while
+  // the producer waits for ring space; none: wait for the slowest.
+  std::optional<double> straggler_timeout;
+  // First batches of each epoch kept for catch-up joins; none: slots / 2.
+  std::optional<int64_t> catch_up_window;
+  int cuda_device = -1;            // >= 0: the ring is GPU memory on this device
+  double linger = 30.0;            // GPU ring: seconds close() waits for consumers to unmap it
+  Reporter reporter;               // where events and warnings go (none: nowhere)
+  // Called about every 100 ms on the caller's thread while a call blocks; it
+  // may throw to abandon the call (the Python binding checks for signals).
+  std::function<void()> interrupt;
 
-struct ConsumerInfo {
-  uint64_t id = 0;
-  int64_t pid = 0;
-  int64_t first_epoch = 0;
-  int64_t slots_held = 0;
-  int64_t batches_sent = 0;
-  bool leaving = false;           // said goodbye; still holds slots (its tensors are alive)
+  // Every plain field, for bindings that convert options generically.
+  template <typename Visit>
+  void visit(Visit&& v) {
+    v("name", name);
+    v("runtime_dir", runtime_dir);
+    v("slots", slots);
+    v("ring_bytes", ring_bytes);
+    v("samples_per_epoch", samples_per_epoch);
+    v("batches_per_epoch", batches_per_epoch);
+    v("straggler_timeout", straggler_timeout);
+    v("catch_up_window", catch_up_window);
+    v("cuda_device", cuda_device);
+    v("linger", linger);
+  }
 };
 
 struct ProducerStats {
   int64_t batches_published = 0;
   int64_t bytes_published = 0;
-  double publish_seconds = 0;     // copying into the ring and announcing
-  double wait_seconds = 0;        // waiting for ring space (the slowest consumer)
+  double publish_seconds = 0;  // copying into the ring and announcing
+  double wait_seconds = 0;     // waiting for ring space (the slowest consumer)
   int64_t joins = 0;
-  int64_t leaves = 0;             // said goodbye
-  int64_t crashes = 0;            // vanished without goodbye
-  int64_t evictions = 0;          // stragglers removed (straggler_timeout)
-  int64_t refused = 0;            // other protocol versions
-  int64_t dropped_messages = 0;   // malformed or unexpected
+  int64_t leaves = 0;
+  int64_t crashes = 0;
+  int64_t evictions = 0;
+  int64_t refused = 0;
+  int64_t dropped_messages = 0;
   uint64_t ring_bytes = 0;
-  std::string ring_device;        // "cpu" or "cuda:N"
+  std::string ring_device;  // "cpu" or "cuda:N"
   int64_t slots_in_use = 0;
+  int32_t pin_budget = 0;   // slots each consumer may pin with batches it keeps
   std::vector<ConsumerInfo> consumers;
+
+  template <typename Visit>
+  void visit(Visit&& v) const {
+    v("batches_published", batches_published);
+    v("bytes_published", bytes_published);
+    v("publish_seconds", publish_seconds);
+    v("wait_seconds", wait_seconds);
+    v("joins", joins);
+    v("leaves", leaves);
+    v("crashes", crashes);
+    v("evictions", evictions);
+    v("refused", refused);
+    v("dropped_messages", dropped_messages);
+    v("ring_bytes", ring_bytes);
+    v("ring_device", ring_device);
+    v("slots_in_use", slots_in_use);
+    v("pin_budget", pin_budget);
+    v("consumers", consumers);
+  }
 };
+
+template <typename Visit>
+void visit(const ConsumerInfo& c, Visit&& v) {
+  v("id", c.id);
+  v("pid", c.pid);
+  v("first_epoch", c.first_epoch);
+  v("slots_held", c.slots_held);
+  v("slots_pinned", c.slots_pinned);
+  v("batches_sent", c.batches_sent);
+  v("leaving", c.leaving);
+}
 
 class Producer {
  public:
+  // Validates the options, takes the name (NameInUse if a live producer has
+  // it) and starts listening. Throws InvalidArgument, NameInUse, CudaError.
   explicit Producer(ProducerOptions options);
   Producer(const Producer&) = delete;
   Producer& operator=(const Producer&) = delete;
@@ -80,9 +129,9 @@ class Producer {
   bool wait_for_consumers(int64_t count, double timeout_seconds);
 
   void begin_epoch(int64_t epoch);
-  // Copies the batch into the ring (waiting for space) and announces it.
-  // Returns the seconds spent waiting for space. Throws Stopped,
-  // InvalidArgument for unsharable batches.
+  // Copies the batch into the ring (waiting for space) and announces it;
+  // returns the seconds spent waiting for space. Throws Stopped, and
+  // InvalidArgument for a batch that cannot be shared.
   double publish(const Batch& batch);
   void end_epoch();
   // The loader raised: every consumer gets a LoaderError with this message.
@@ -91,8 +140,9 @@ class Producer {
   void finish();
   // Safe from any thread: wakes and fails every blocked call.
   void stop();
-  // Stops, tells consumers, and frees everything (the destructor does this too).
-  // A GPU ring is freed once every consumer has let go of it, or after `linger`.
+  // Stops, tells consumers, and frees everything (the destructor does this
+  // too). A GPU ring is freed once every consumer has let go of it, or after
+  // `linger` seconds.
   void close();
 
   ProducerStats stats() const;
@@ -100,48 +150,39 @@ class Producer {
   int64_t consumer_count() const;
 
  private:
-  struct Member {
-    uint64_t id;
-    int64_t pid;
-    int64_t first_epoch;
-    int64_t batches_sent = 0;
-    bool leaving = false;  // said Bye: gets nothing more, keeps what it holds
-    bool mapped = false;   // was given a GPU ring it has not said it unmapped
+  using Clock = std::chrono::steady_clock;
+  // What the I/O thread hands to the membership, in the order consumers see it.
+  struct EpochBegin {
+    int64_t epoch;
   };
-  // Who holds an announced slot, and since when.
-  struct SlotHold {
-    std::set<std::string> holders;
-    std::chrono::steady_clock::time_point since;
-  };
-  // What the I/O thread sends, in order, and to whom.
-  enum class Route { EpochBegin, Batch, EpochEnd, Ring, Finish, Everyone };
-  struct Outgoing {
-    Route route;
-    int64_t epoch = -1;
-    uint64_t seq = 0;
-    std::string bytes;
+  using StreamItem = std::variant<EpochBegin, protocol::RingReady, protocol::Announcement,
+                                  protocol::EpochEnd, protocol::LoaderFailed, protocol::Finished>;
+  struct Layout {  // byte size and alignment of each tensor leaf
+    std::vector<uint64_t> bytes;
+    std::vector<uint64_t> align;
   };
 
-  void serve();
-  void handle(const std::string& peer, const void* data, std::size_t size);
-  void deliver(Outgoing& out);
-  void send_to(const std::string& peer, const std::string& bytes);
-  enum class Departure { Gone, Crashed, Evicted };
-  void remove_member(const std::string& peer, Departure how);
-  void drop_holder(uint64_t seq, const std::string& peer);
-  void free_if_unheld(std::map<uint64_t, SlotHold>::iterator slot);
-  void free_slot(uint64_t seq);
-  void forget_if_done(const std::string& peer);
-  int64_t active_members() const;
+  // publish(): validate -> reserve -> write -> announce.
+  Layout validate(const Batch& batch) const;
+  RingSlot reserve(const Layout& layout, double& waited);
+  void announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
+                Clock::time_point start, double waited);
+
+  // Waits on `cv` until `done()`, calling options_.interrupt (unlocked) about
+  // every 100 ms. Returns false if `timeout` (< 0: none) passed first.
+  template <typename Done>
+  bool wait(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, double timeout,
+            Done done);
+  void enqueue(StreamItem item);
+  void rethrow_io_error() const;  // under mu_
   void await_unmapped();
-  void check_liveness();
-  void end_retention();
-  void evict_stragglers();
-  void enqueue(Outgoing out);
-  void create_ring(const std::vector<uint64_t>& leaf_bytes);
-  double copy_and_announce(const Batch& batch, const LaneAllocator::Slot& slot, int event,
-                           const std::vector<uint64_t>& bytes, std::chrono::steady_clock::time_point start,
-                           double waited);
+
+  // The I/O thread.
+  void serve();
+  void serve_until_quit();
+  Actions deliver(StreamItem& item);  // under mu_
+  void apply(Actions actions);        // sends; then, under mu_, frees slots
+  void tell(const Report& report) const;
 
   ProducerOptions options_;
   std::string dir_;
@@ -150,36 +191,24 @@ class Producer {
   zmq::context_t context_;
   zmq::socket_t router_;
   Wakeup wakeup_;
+  std::unique_ptr<Ring> ring_;
 
   mutable std::mutex mu_;
-  std::condition_variable changed_;  // members, ring space, stop
-  std::map<std::string, Member> members_;
-  std::map<uint64_t, SlotHold> held_;  // announced slots not yet released by everyone
+  std::condition_variable space_;    // ring space freed, or stopping
+  std::condition_variable members_;  // a consumer came or went, or stopping
+  std::condition_variable drained_;  // the stream was delivered; a publish ended
+  Membership membership_;
+  std::deque<StreamItem> stream_;
   bool waiting_for_space_ = false;
-  // The current epoch's first batches, kept for consumers that join late in
-  // catch-up mode: (seq, encoded announcement), while the epoch is within the window.
-  std::vector<std::pair<uint64_t, std::string>> retained_;
-  int64_t delivered_epoch_ = -1;  // epoch in progress, as delivered; -1 between epochs
-  int64_t delivered_in_epoch_ = 0;
-  std::deque<Outgoing> outbox_;
-  std::optional<SharedRegion> region_;
-  std::unique_ptr<cuda::DeviceRing> gpu_;
-  int64_t publishing_ = 0;                // publish() calls between slot and announcement
-  std::map<std::string, int64_t> evicted_importers_;  // evicted, may still map the GPU ring: pid
-  std::vector<int> free_events_;          // GPU ring: slot events not in use
-  std::map<uint64_t, int> slot_events_;   // GPU ring: seq -> its slot event
-  protocol::Ring ring_;                   // as described to consumers
-  std::optional<LaneAllocator> lanes_;
+  int64_t publishing_ = 0;  // publish() calls between reserve and announce
   int64_t epoch_ = -1;
   int64_t epoch_batches_ = 0;
   int64_t epoch_samples_ = 0;
   int64_t epochs_done_ = 0;
-  int64_t next_joinable_epoch_ = 0;  // I/O thread's view, in announcement order
-  uint64_t next_member_id_ = 1;
-  ProducerStats stats_;
   bool stopping_ = false;
   bool finished_ = false;  // Finished was queued
-  std::string finished_bytes_;  // Finished, once delivered
+  std::exception_ptr io_error_;
+  ProducerStats stats_;
   std::atomic<bool> quit_io_{false};
   std::mutex close_mu_;
   bool closed_ = false;

@@ -204,7 +204,9 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<uint64_t>(m.consumer_id);
           w.put<int64_t>(m.first_epoch);
           w.put<int64_t>(m.samples_per_epoch);
+          w.put<int64_t>(m.batches_per_epoch);
           w.put<int64_t>(m.slots);
+          w.put<int32_t>(m.pin_budget);
         } else if constexpr (std::is_same_v<T, Refuse>) {
           w.text(m.reason);
         } else if constexpr (std::is_same_v<T, Announcement>) {
@@ -212,6 +214,7 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int64_t>(m.index);
           w.put<uint64_t>(m.seq);
           w.put<int32_t>(m.event);
+          w.put<int32_t>(m.pin_budget);
           w.put<int64_t>(m.samples);
           w.text(m.layout);
           w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
@@ -265,8 +268,11 @@ Message decode(const void* data, std::size_t size) {
       m.consumer_id = r.get<uint64_t>();
       m.first_epoch = r.get<int64_t>();
       m.samples_per_epoch = r.get<int64_t>();
+      m.batches_per_epoch = r.get<int64_t>();
       m.slots = r.get<int64_t>();
-      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < 0 || m.samples_per_epoch < -1) {
+      m.pin_budget = r.get<int32_t>();
+      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
+          m.batches_per_epoch < -1 || m.pin_budget < 0) {
         throw MalformedMessage("bad welcome");
       }
       out = m;
@@ -278,8 +284,9 @@ Message decode(const void* data, std::size_t size) {
       m.index = r.get<int64_t>();
       m.seq = r.get<uint64_t>();
       m.event = r.get<int32_t>();
+      m.pin_budget = r.get<int32_t>();
       m.samples = r.get<int64_t>();
-      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.event < -1 ||
+      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.event < -1 || m.pin_budget < 0 ||
           m.event >= static_cast<int32_t>(kMaxEvents)) {
         throw MalformedMessage("bad announcement field");
       }

@@ -10,11 +10,12 @@
 #include <vector>
 
 #include "batchcast/common/error.h"
+#include "batchcast/common/items.h"
 
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -90,7 +91,9 @@ struct Welcome {
   uint64_t consumer_id = 0;
   int64_t first_epoch = 0;
   int64_t samples_per_epoch = -1;  // -1: unknown until the first epoch ends
+  int64_t batches_per_epoch = -1;  // loader batches per epoch; -1: unknown until then
   int64_t slots = 0;               // batches the ring is sized for
+  int32_t pin_budget = 0;          // see Announcement::pin_budget
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.
@@ -107,7 +110,7 @@ struct TensorLeaf {
 };
 
 // A per-sample list of non-tensor values (file names, ids), one item per sample.
-enum class ListKind : uint8_t { Text = 1, Json = 2 };
+using batchcast::ListKind;
 struct ListLeaf {
   ListKind kind = ListKind::Text;
   std::vector<std::string> items;
@@ -121,6 +124,10 @@ struct Announcement {
   int64_t index = 0;
   uint64_t seq = 0;  // ring slot sequence number, echoed back in Release
   int32_t event = -1;  // GPU ring: the slot event recorded after its copy; host: -1
+  // Ring slots this consumer may keep pinned with batches it holds on to
+  // (beyond the one it works on); past that it takes private copies, so that
+  // what consumers keep never fills the ring. The producer's share per consumer.
+  int32_t pin_budget = 0;
   int64_t samples = 0;
   std::string layout;  // opaque structure description (JSON written by the Python package)
   std::vector<Leaf> leaves;

@@ -1,22 +1,119 @@
-// batchcast._C: converts between Python objects and the C++ core. No logic
-// lives here; the GIL is released around every call that can block.
+// batchcast._C: converts between Python objects and the C++ core, nothing
+// more. Options and statistics cross by one generic path (their visit()
+// lists); errors keep their type; reports of the core reach the Python
+// handler on the caller's thread; blocking calls release the GIL and check
+// for signals about every 100 ms.
+#include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/consumer.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/producer/producer.h"
+#include "batchcast/protocol/message.h"
 
 namespace py = pybind11;
 using namespace batchcast;
 
 namespace {
 
+// ---- reports: queued from any thread, handed to Python on the caller's ----
+
+py::object& report_handler() {
+  static py::object* handler = new py::object();  // never destroyed: outlives finalization
+  return *handler;
+}
+
+class ReportQueue {
+ public:
+  void push(const Report& r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.size() < 1000) queue_.push_back(r);  // bounded: a flood is not kept
+    pending_ = true;
+  }
+  // With the GIL. The handler may raise (warnings as errors): that propagates.
+  void flush() {
+    if (!pending_.load(std::memory_order_relaxed)) return;
+    std::deque<Report> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out.swap(queue_);
+      pending_ = false;
+    }
+    py::object& handler = report_handler();
+    if (!handler) return;
+    for (const Report& r : out) handler(static_cast<int>(r.level), r.kind, r.message);
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<Report> queue_;
+  std::atomic<bool> pending_{false};
+};
+
+// Called from a blocked core call (GIL released) on the caller's thread.
+std::function<void()> interrupt_hook(std::shared_ptr<ReportQueue> reports) {
+  return [reports] {
+    py::gil_scoped_acquire gil;
+    reports->flush();
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
+// ---- options in, statistics out ---------------------------------------------
+
+template <typename Options>
+Options options_from(const py::kwargs& kwargs) {
+  Options options;
+  std::set<std::string> known;
+  options.visit([&](const char* name, auto& field) {
+    known.insert(name);
+    if (kwargs.contains(name)) field = kwargs[name].template cast<std::decay_t<decltype(field)>>();
+  });
+  for (const auto& item : kwargs) {
+    const std::string key = py::str(item.first);
+    if (known.count(key) == 0) throw py::type_error("unknown option '" + key + "'");
+  }
+  return options;
+}
+
+struct ToDict {
+  py::dict& out;
+  template <typename T>
+  void operator()(const char* name, const T& value) const {
+    out[name] = py::cast(value);
+  }
+  void operator()(const char* name, const std::vector<ConsumerInfo>& consumers) const {
+    py::list list;
+    for (const ConsumerInfo& c : consumers) {
+      py::dict d;
+      visit(c, ToDict{d});
+      list.append(d);
+    }
+    out[name] = list;
+  }
+};
+
+template <typename Stats>
+py::dict to_dict(const Stats& stats) {
+  py::dict d;
+  stats.visit(ToDict{d});
+  return d;
+}
+
+// ---- batches ----------------------------------------------------------------
+
 // Leaves travel to and from Python as a list whose items are either a tensor
-// or a (kind, [str, ...]) tuple for a per-sample list.
+// or a (ListKind, [str, ...]) tuple for a per-sample list.
 std::vector<Leaf> leaves_from_python(const py::list& leaves) {
   std::vector<Leaf> out;
   out.reserve(leaves.size());
@@ -24,9 +121,8 @@ std::vector<Leaf> leaves_from_python(const py::list& leaves) {
     if (THPVariable_Check(item.ptr())) {
       out.emplace_back(THPVariable_Unpack(item.ptr()));
     } else {
-      auto pair = item.cast<std::pair<int, std::vector<std::string>>>();
-      if (pair.first != 1 && pair.first != 2) throw InvalidArgument("unknown list kind");
-      out.emplace_back(Items{static_cast<ListKind>(pair.first), std::move(pair.second)});
+      auto pair = item.cast<std::pair<ListKind, std::vector<std::string>>>();
+      out.emplace_back(Items{pair.first, std::move(pair.second)});
     }
   }
   return out;
@@ -39,61 +135,51 @@ py::list leaves_to_python(std::vector<Leaf>& leaves) {
       out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(*t))));
     } else {
       auto& items = std::get<Items>(leaf);
-      out.append(py::make_tuple(static_cast<int>(items.kind), py::cast(items.values)));
+      out.append(py::make_tuple(items.kind, py::cast(items.values)));
     }
   }
   return out;
 }
 
-py::dict producer_stats(const ProducerStats& s) {
-  py::list consumers;
-  for (const auto& c : s.consumers) {
-    py::dict d;
-    d["id"] = c.id;
-    d["pid"] = c.pid;
-    d["first_epoch"] = c.first_epoch;
-    d["slots_held"] = c.slots_held;
-    d["batches_sent"] = c.batches_sent;
-    d["leaving"] = c.leaving;
-    consumers.append(d);
-  }
-  py::dict d;
-  d["batches_published"] = s.batches_published;
-  d["bytes_published"] = s.bytes_published;
-  d["publish_seconds"] = s.publish_seconds;
-  d["wait_seconds"] = s.wait_seconds;
-  d["joins"] = s.joins;
-  d["leaves"] = s.leaves;
-  d["crashes"] = s.crashes;
-  d["evictions"] = s.evictions;
-  d["refused"] = s.refused;
-  d["dropped_messages"] = s.dropped_messages;
-  d["ring_bytes"] = s.ring_bytes;
-  d["ring_device"] = s.ring_device;
-  d["slots_in_use"] = s.slots_in_use;
-  d["consumers"] = consumers;
-  return d;
+// A core object with the report queue its callbacks feed.
+template <typename Core>
+struct Bound {
+  std::shared_ptr<ReportQueue> reports = std::make_shared<ReportQueue>();
+  std::unique_ptr<Core> core;
+};
+
+template <typename Options>
+Options with_hooks(Options options, const std::shared_ptr<ReportQueue>& reports) {
+  options.reporter = [reports](const Report& r) { reports->push(r); };
+  options.interrupt = interrupt_hook(reports);
+  return options;
 }
 
-py::dict consumer_stats(const ConsumerStats& s) {
-  py::dict d;
-  d["id"] = s.id;
-  d["epoch"] = s.epoch;
-  d["batches"] = s.batches;
-  d["samples"] = s.samples;
-  d["loader_batches"] = s.loader_batches;
-  d["views"] = s.views;
-  d["copies"] = s.copies;
-  d["spills"] = s.spills;
-  d["slots_held"] = s.slots_held;
-  d["dropped_messages"] = s.dropped_messages;
-  d["device"] = s.device;
-  d["transfer"] = s.transfer;
-  d["ipc_memory_opens"] = s.ipc_memory_opens;
-  d["ipc_event_opens"] = s.ipc_event_opens;
-  d["transfers"] = s.transfers;
-  return d;
+// Runs `call` on the core with the GIL released, then hands queued reports
+// to Python (with the GIL).
+template <typename Core, typename Call>
+auto released(Bound<Core>& b, Call call) {
+  if (!b.core) throw std::runtime_error("this batchcast object is closed");
+  using Result = decltype(call(*b.core));
+  if constexpr (std::is_void_v<Result>) {
+    {
+      py::gil_scoped_release release;
+      call(*b.core);
+    }
+    b.reports->flush();
+  } else {
+    std::optional<Result> result;
+    {
+      py::gil_scoped_release release;
+      result.emplace(call(*b.core));
+    }
+    b.reports->flush();
+    return std::move(*result);
+  }
 }
+
+using BoundProducer = Bound<Producer>;
+using BoundConsumer = Bound<Consumer>;
 
 }  // namespace
 
@@ -111,8 +197,6 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
   py::register_exception<Evicted>(m, "Evicted", error.ptr());
   py::register_exception<CudaError>(m, "CudaError", error.ptr());
-  m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
-  m.def("cuda_device_count", &cuda::device_count, "GPUs visible to this process (0 without a driver)");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -121,70 +205,93 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::class_<Producer>(m, "Producer")
-      .def(py::init([](const std::string& name, const std::string& runtime_dir, int64_t slots,
-                       uint64_t ring_bytes, int64_t samples_per_epoch, double straggler_timeout,
-                       int64_t catch_up_window, int cuda_device, double linger) {
-             return std::make_unique<Producer>(ProducerOptions{name, runtime_dir, slots, ring_bytes,
-                                                               samples_per_epoch, straggler_timeout,
-                                                               catch_up_window, cuda_device, linger});
-           }),
-           py::arg("name"), py::arg("runtime_dir") = "", py::arg("slots") = 8,
-           py::arg("ring_bytes") = 0, py::arg("samples_per_epoch") = -1,
-           py::arg("straggler_timeout") = 0.0, py::arg("catch_up_window") = -1,
-           py::arg("cuda_device") = -1, py::arg("linger") = 30.0)
-      .def("wait_for_consumers", &Producer::wait_for_consumers, py::arg("count"),
-           py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
-      .def("begin_epoch", &Producer::begin_epoch)
-      .def("publish",
-           [](Producer& p, const py::list& leaves, const std::string& layout, int64_t samples) {
-             Batch batch{0, samples, layout, leaves_from_python(leaves)};
-             py::gil_scoped_release release;
-             return p.publish(batch);  // seconds spent waiting for ring space
-           })
-      .def("end_epoch", &Producer::end_epoch)
-      .def("fail", &Producer::fail)
-      .def("finish", &Producer::finish, py::call_guard<py::gil_scoped_release>())
-      .def("stop", &Producer::stop)
-      .def("close", &Producer::close, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const Producer& p) { return producer_stats(p.stats()); })
-      .def("consumer_count", &Producer::consumer_count)
-      .def_property_readonly("endpoint", &Producer::endpoint);
+  py::enum_<Placement>(m, "Placement")
+      .value("AUTO", Placement::Auto)
+      .value("HOST", Placement::Host)
+      .value("CUDA", Placement::Cuda);
+  py::enum_<ListKind>(m, "ListKind").value("TEXT", ListKind::Text).value("JSON", ListKind::Json);
+  py::enum_<Report::Level>(m, "ReportLevel")
+      .value("DEBUG", Report::Level::Debug)
+      .value("INFO", Report::Level::Info)
+      .value("NOTICE", Report::Level::Notice)
+      .value("WARNING", Report::Level::Warning);
 
-  py::class_<Consumer>(m, "Consumer")
-      .def(py::init([](const std::string& name, int64_t batch_size, bool drop_last, double timeout,
-                       const std::string& runtime_dir, bool catch_up, const std::string& device,
-                       int cuda_device) {
-             Placement placement = Placement::Auto;
-             if (device == "cpu") {
-               placement = Placement::Host;
-             } else if (device == "cuda") {
-               placement = Placement::Cuda;
-             } else if (!device.empty()) {
-               throw InvalidArgument("device must be '', 'cpu' or 'cuda'");
-             }
-             py::gil_scoped_release release;
-             return std::make_unique<Consumer>(ConsumerOptions{name, batch_size, drop_last, timeout,
-                                                               catch_up, runtime_dir, placement,
-                                                               cuda_device});
+  m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
+  m.def("cuda_device_count", &cuda::device_count, "GPUs visible to this process (0 without a driver)");
+  m.def(
+      "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
+      "handler(level: int, kind: str, message: str), called on the caller's thread");
+
+  py::class_<BoundProducer>(m, "Producer")
+      .def(py::init([](const py::kwargs& kwargs) {
+             auto b = std::make_unique<BoundProducer>();
+             ProducerOptions options = with_hooks(options_from<ProducerOptions>(kwargs), b->reports);
+             b->core = std::make_unique<Producer>(std::move(options));
+             return b;
            }),
-           py::arg("name"), py::arg("batch_size"), py::arg("drop_last") = false,
-           py::arg("timeout") = 30.0, py::arg("runtime_dir") = "", py::arg("catch_up") = false,
-           py::arg("device") = "", py::arg("cuda_device") = -1)
-      .def("begin_epoch", &Consumer::begin_epoch, py::call_guard<py::gil_scoped_release>())
-      .def("next",
-           [](Consumer& c) -> py::object {
-             std::optional<Batch> batch;
+           "Producer(name=..., runtime_dir=..., slots=..., ring_bytes=..., samples_per_epoch=..., "
+           "batches_per_epoch=..., straggler_timeout=..., catch_up_window=..., cuda_device=..., "
+           "linger=...)")
+      .def("wait_for_consumers",
+           [](BoundProducer& b, int64_t count, double timeout) {
+             return released(b, [&](Producer& p) { return p.wait_for_consumers(count, timeout); });
+           },
+           py::arg("count"), py::arg("timeout") = -1.0)
+      .def("begin_epoch",
+           [](BoundProducer& b, int64_t epoch) { released(b, [&](Producer& p) { p.begin_epoch(epoch); }); })
+      .def("publish",
+           [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples) {
+             Batch batch{0, samples, layout, leaves_from_python(leaves)};
+             // Seconds spent waiting for ring space.
+             return released(b, [&](Producer& p) { return p.publish(batch); });
+           },
+           py::arg("leaves"), py::arg("layout"), py::arg("samples"))
+      .def("end_epoch", [](BoundProducer& b) { released(b, [](Producer& p) { p.end_epoch(); }); })
+      .def("fail",
+           [](BoundProducer& b, const std::string& message) {
+             released(b, [&](Producer& p) { p.fail(message); });
+           })
+      .def("finish", [](BoundProducer& b) { released(b, [](Producer& p) { p.finish(); }); })
+      .def("stop",
+           [](BoundProducer& b) {
+             if (b.core) b.core->stop();
+           })
+      .def("close",
+           [](BoundProducer& b) {
+             if (!b.core) return;
+             released(b, [](Producer& p) { p.close(); });
+           })
+      .def("stats", [](BoundProducer& b) { return to_dict(b.core->stats()); })
+      .def("consumer_count", [](BoundProducer& b) { return b.core->consumer_count(); })
+      .def_property_readonly("endpoint", [](BoundProducer& b) { return b.core->endpoint(); });
+
+  py::class_<BoundConsumer>(m, "Consumer")
+      .def(py::init([](const py::kwargs& kwargs) {
+             auto b = std::make_unique<BoundConsumer>();
+             ConsumerOptions options = with_hooks(options_from<ConsumerOptions>(kwargs), b->reports);
              {
                py::gil_scoped_release release;
-               batch = c.next();
+               b->core = std::make_unique<Consumer>(std::move(options));
              }
+             b->reports->flush();
+             return b;
+           }),
+           "Consumer(name=..., batch_size=None, drop_last=False, timeout=30.0, catch_up=False, "
+           "runtime_dir='', placement=Placement.AUTO, cuda_device=-1)")
+      .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
+      .def("next",
+           [](BoundConsumer& b) -> py::object {
+             std::optional<Batch> batch = released(b, [](Consumer& c) { return c.next(); });
              if (!batch) return py::none();
              return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples);
            })
-      .def("close", &Consumer::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("finished", &Consumer::finished)
-      .def_property_readonly("samples_per_epoch", &Consumer::samples_per_epoch)
-      .def_property_readonly("batches_per_epoch", &Consumer::batches_per_epoch)
-      .def("stats", [](const Consumer& c) { return consumer_stats(c.stats()); });
+      .def("close",
+           [](BoundConsumer& b) {
+             if (!b.core) return;
+             released(b, [](Consumer& c) { c.close(); });
+           })
+      .def_property_readonly("finished", [](BoundConsumer& b) { return b.core->finished(); })
+      .def_property_readonly("samples_per_epoch", [](BoundConsumer& b) { return b.core->samples_per_epoch(); })
+      .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
+      .def("stats", [](BoundConsumer& b) { return to_dict(b.core->stats()); });
 }

@@ -1,83 +1,94 @@
-// The ring: one memfd-backed shared memory region, divided into one lane per
-// leaf of the loader's batches. Each lane is a FIFO byte ring, so a leaf of
-// consecutive loader batches lies back to back in memory and a consumer batch
-// that spans them is still a single view.
+// The producer's ring: memory allocated once and exported once to every
+// consumer, divided into lanes (lane_allocator.h), written one loader batch
+// per slot. Where the memory lives — host shared memory or one GPU allocation
+// shared over CUDA IPC — is decided once, by Ring::create; the producer never
+// asks again.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "batchcast/common/fd.h"
+#include "batchcast/common/batch.h"
+#include "batchcast/protocol/message.h"
+#include "batchcast/ring/event_pool.h"
+#include "batchcast/ring/lane_allocator.h"
 
 namespace batchcast {
 
-// A memfd and its mapping. Nothing appears in /dev/shm, and the memory goes
-// away with the last process that maps it, whatever way that process exits.
-class SharedRegion {
- public:
-  // Producer side: read-write, pages faulted in once here so that writes
-  // later run at memcpy speed.
-  static SharedRegion create(std::size_t bytes, const std::string& label);
-  // Consumer side: reopen the producer's memfd through /proc and map it
-  // read-only (batches are shared; writing into one would corrupt the others).
-  static SharedRegion open(long producer_pid, int fd, std::size_t bytes);
-
-  std::byte* data() const { return mapping_.data(); }
-  std::size_t size() const { return mapping_.size(); }
-  int fd() const { return fd_.get(); }
-
- private:
-  Fd fd_;
-  Mapping mapping_;
+struct RingOptions {
+  std::string label;       // names the memory (/proc/<pid>/fd shows "batchcast:<label>")
+  int cuda_device = -1;    // >= 0: one allocation on this GPU; else host shared memory
+  int64_t slots = 8;       // loader batches the ring holds, sized from the first
+  uint64_t min_bytes = 0;  // lower bound on its size
 };
 
-// Pure bookkeeping of where each loader batch's leaves go; knows nothing of
-// memory. Slots are freed in any order but space is reclaimed in FIFO order.
-class LaneAllocator {
+// A reserved slot: where each tensor leaf of one loader batch goes and, for a
+// GPU ring, the event recorded once its copy is done.
+struct RingSlot {
+  uint64_t seq = 0;
+  std::vector<uint64_t> offsets;  // absolute byte offset of each tensor leaf
+  int32_t event = -1;
+};
+
+class Ring {
  public:
-  struct Slot {
-    uint64_t seq;
-    std::vector<uint64_t> offsets;  // absolute byte offsets, one per lane
-  };
+  // Host shared memory, or GPU memory when options.cuda_device >= 0. Throws
+  // CudaError when that GPU cannot be used.
+  static std::unique_ptr<Ring> create(const RingOptions& options);
+  virtual ~Ring() = default;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
 
-  explicit LaneAllocator(const std::vector<uint64_t>& lane_capacities);
+  // What a consumer needs to map the ring; before allocate() only where it
+  // will be (a GPU's UUID).
+  const protocol::Ring& description() const { return description_; }
+  virtual std::string device() const = 0;  // "cpu", "cuda:N"
 
-  std::size_t lanes() const { return lanes_.size(); }
-  uint64_t total_bytes() const { return total_; }
-  uint64_t lane_capacity(std::size_t lane) const { return lanes_[lane].capacity; }
+  // Throws InvalidArgument for a batch this ring cannot take (before any slot
+  // is reserved for it).
+  virtual void check(const Batch& batch) const = 0;
+  bool allocated() const { return lanes_.has_value(); }
+  // Lays the lanes out for batches like this one and allocates the memory,
+  // once: room for `slots` in flight, one lost at a wrap, and `slots` kept.
+  void allocate(const std::vector<uint64_t>& leaf_bytes);
+  // A slot for a batch with these tensor sizes, or nullopt while it is full.
+  std::optional<RingSlot> try_reserve(const std::vector<uint64_t>& bytes,
+                                      const std::vector<uint64_t>& align);
+  // Copies the batch's tensor leaves into its slot. A GPU ring queues the copy
+  // and records the slot's event after it; the call returns meanwhile.
+  virtual void write(const Batch& batch, const RingSlot& slot) = 0;
+  // Nobody references the slot any more: its space (and event) can be reused.
+  void release(uint64_t seq);
+  // Waits until no copy into the ring is in flight (before freeing it, or
+  // after a failed write).
+  virtual void drain() noexcept {}
+  // Whether the memory may be freed only after every consumer has unmapped
+  // it (CUDA IPC: freeing memory another process maps is undefined; a memfd
+  // simply lives on while mapped).
+  virtual bool unmap_before_free() const { return false; }
 
-  // nullopt while the ring is too full; InvalidArgument if a leaf can never
-  // fit its lane. `align` is each leaf's element size.
-  std::optional<Slot> try_allocate(const std::vector<uint64_t>& bytes,
-                                   const std::vector<uint64_t>& align);
-  // Marks a slot free; returns false for an unknown or already freed seq.
-  bool release(uint64_t seq);
-  std::size_t in_flight() const { return slots_.size(); }
-  std::vector<uint64_t> in_flight_seqs() const;
+  uint64_t bytes() const { return lanes_ ? lanes_->total_bytes() : 0; }
+  int64_t slots_in_use() const { return lanes_ ? static_cast<int64_t>(lanes_->in_flight()) : 0; }
+
+ protected:
+  explicit Ring(RingOptions options) : options_(std::move(options)) {}
+  // Allocates `bytes` of memory, and `events` slot events for a ring that
+  // needs them, and completes description_.
+  virtual void allocate_memory(uint64_t bytes, int events) = 0;
+  // Slot events per slot the ring can hold (0: none, as for host memory).
+  virtual int events_per_slot() const { return 0; }
+
+  RingOptions options_;
+  protocol::Ring description_;
 
  private:
-  struct Lane {
-    uint64_t base = 0;
-    uint64_t capacity = 0;
-    uint64_t head = 0;  // relative to base
-    uint64_t live = 0;  // bytes of slots not yet reclaimed
-  };
-  struct Record {
-    uint64_t seq;
-    std::vector<uint64_t> offsets;  // relative to lane base
-    std::vector<uint64_t> sizes;
-    bool released = false;
-  };
-  std::optional<uint64_t> place(std::size_t lane, uint64_t size, uint64_t align) const;
-
-  std::vector<Lane> lanes_;
-  std::deque<Record> slots_;
-  uint64_t total_ = 0;
-  uint64_t next_seq_ = 1;
+  std::optional<LaneAllocator> lanes_;
+  std::optional<EventPool> events_;
+  std::map<uint64_t, BorrowedEvent> slot_events_;  // declared after the pool: returned first
 };
 
 }  // namespace batchcast

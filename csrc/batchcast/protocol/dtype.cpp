@@ -1,12 +1,8 @@
-#include "batchcast/common/batch.h"
+#include "batchcast/protocol/dtype.h"
 
-#include <c10/core/ScalarType.h>
+namespace batchcast::protocol {
 
-namespace batchcast {
-
-using protocol::DType;
-
-protocol::DType to_wire(c10::ScalarType type) {
+DType to_wire(c10::ScalarType type) {
   switch (type) {
     case c10::ScalarType::Byte: return DType::UInt8;
     case c10::ScalarType::Char: return DType::Int8;
@@ -29,8 +25,8 @@ protocol::DType to_wire(c10::ScalarType type) {
   }
 }
 
-c10::ScalarType from_wire(protocol::DType type) {
-  static constexpr c10::ScalarType kTypes[protocol::kDTypeCount] = {
+c10::ScalarType from_wire(DType type) {
+  static constexpr c10::ScalarType kTypes[kDTypeCount] = {
       c10::ScalarType::Byte,      c10::ScalarType::Char,         c10::ScalarType::Short,
       c10::ScalarType::Int,       c10::ScalarType::Long,         c10::ScalarType::Half,
       c10::ScalarType::Float,     c10::ScalarType::Double,       c10::ScalarType::Bool,
@@ -39,4 +35,4 @@ c10::ScalarType from_wire(protocol::DType type) {
   return kTypes[static_cast<uint8_t>(type)];
 }
 
-}  // namespace batchcast
+}  // namespace batchcast::protocol

@@ -1,0 +1,149 @@
+// A consumer's connection to its producer: one DEALER socket, the ring mapped
+// once, the messages waiting to be taken, and the slots this process still
+// references. Tensors keep the channel (and so the mapping) alive through
+// their release tokens.
+//
+// Threads. The trainer's thread does the work of a batch itself: take()
+// drains the socket and a tensor's deleter sends its Release, so the common
+// case (a batch already announced) involves no hand-off between threads. A
+// watchdog thread wakes every 100 ms to watch the producer's process and to
+// do what nobody else is there to do while the trainer is away: take in
+// messages, let go of the ring once nothing references it.
+//
+// Phases, in order (never backwards):
+//   Joining  Hello sent, no Welcome yet.
+//   Member   receives announcements.
+//   Leaving  takes no more: the consumer closed (Bye), was evicted, or the
+//            producer finished. Slots still referenced stay held.
+//   Drained  leaving, and nothing of the ring is referenced or queued.
+//   Unmapped the mapping is closed and the producer told (Unmapped).
+// Errors (producer lost, evicted, refused, a mapping that failed) are kept as
+// the first exception and rethrown unchanged to the trainer.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "batchcast/common/endpoint.h"
+#include "batchcast/consumer/mapped_ring.h"
+#include "batchcast/consumer/rebatcher.h"
+#include "batchcast/protocol/message.h"
+
+namespace batchcast {
+
+struct ChannelOptions {
+  std::string name;      // the producer's
+  std::string endpoint;  // where it listens
+  bool catch_up = false;
+  // Called about every 100 ms while take() or join() blocks; may throw.
+  std::function<void()> interrupt;
+};
+
+struct ChannelStats {
+  int64_t received = 0;         // announcements received
+  int64_t dropped_messages = 0;
+  int64_t slots_held = 0;       // slots referenced by this process
+  int64_t ipc_memory_opens = 0;
+  int64_t ipc_event_opens = 0;
+  uint64_t ring_address = 0;    // where the ring is mapped here (0: not mapped)
+  uint64_t ring_bytes = 0;
+};
+
+class Channel final : public ReleaseSink, public std::enable_shared_from_this<Channel> {
+ public:
+  enum class Phase { Joining, Member, Leaving, Drained, Unmapped };
+
+  // Connects and says Hello.
+  static std::shared_ptr<Channel> connect(ChannelOptions options);
+  ~Channel() override;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Waits up to `timeout` seconds for Welcome (the ring is mapped by then if
+  // it exists). Throws ProducerLost on timeout, Refused, or whatever mapping
+  // the ring threw (CudaError, SystemError).
+  protocol::Welcome join(double timeout);
+
+  // The next Announcement, EpochEnd, LoaderFailed or Finished, in order;
+  // blocks until there is one. Throws the channel's first error.
+  protocol::Message take();
+
+  // Ownership of a taken announcement's slot: the token's last owner releases it.
+  std::shared_ptr<ReleaseToken> hold(uint64_t seq);
+  // A taken announcement that will not be used: its slot goes back at once.
+  void release_now(uint64_t seq);
+  // The mapped ring; valid while a token of it is alive.
+  MappedRing& ring();
+
+  // The consumer closed: send Bye, take nothing more, release what is queued.
+  void leave();
+
+  // ReleaseSink: the last token over `seq` died (any thread). Never throws.
+  void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override;
+
+  Phase phase() const;
+  ChannelStats stats() const;
+  // Slots referenced by tokens right now.
+  std::set<uint64_t> referenced() const;
+
+ private:
+  explicit Channel(ChannelOptions options);
+  void watch();                              // the watchdog thread
+  void pump();                               // takes in what the socket has; sends queued releases
+  void accept(protocol::Message message);    // under mu_
+  void open_ring(const protocol::Ring& ring);  // under mu_
+  void start_leaving();                      // under mu_
+  void release_later(uint64_t seq);          // under mu_: queued for the next send
+  void fail(std::exception_ptr error);       // under mu_: the first error wins
+  void flush() noexcept;                     // sends what is queued
+  void send_outbox();                        // under socket_mu_
+  void check_producer();
+  void unmap_if_drained();
+  void released(uint64_t seq) noexcept;      // the slot may go back to the producer
+  void send(const protocol::Message& message) noexcept;  // takes socket_mu_
+  void send_releases(std::vector<uint64_t> seqs) noexcept;
+  void interrupt_check(std::chrono::steady_clock::time_point& last);
+
+  ChannelOptions options_;
+
+  // Lock order: socket_mu_ before mu_. Neither is held while a token dies.
+  std::mutex socket_mu_;
+  zmq::context_t context_;
+  zmq::socket_t dealer_;
+  int socket_fd_ = -1;  // ZMQ_FD: readable when the socket may have news
+  Wakeup wakeup_;       // wakes a trainer blocked in take()
+  Wakeup watch_wakeup_;
+
+  mutable std::mutex mu_;
+  Phase phase_ = Phase::Joining;
+  std::optional<protocol::Welcome> welcome_;
+  std::unique_ptr<MappedRing> ring_;
+  std::deque<protocol::Message> inbox_;
+  std::vector<protocol::Message> outbox_;  // to the producer, sent by whoever holds the socket next
+  std::set<uint64_t> referenced_;
+  int64_t taken_ = 0;  // announcements handed out by take(), not yet held or released
+  std::exception_ptr error_;
+  bool finished_ = false;  // the producer said Finished
+  bool quit_ = false;
+  int64_t received_ = 0;
+  int64_t dropped_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> producer_gone_since_;
+
+  std::atomic<bool> trainer_inside_{false};  // a trainer is in take() or join()
+  std::thread watchdog_;
+};
+
+}  // namespace batchcast

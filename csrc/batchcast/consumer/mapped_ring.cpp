@@ -1,0 +1,119 @@
+#include "batchcast/consumer/mapped_ring.h"
+
+#include <unistd.h>
+
+#include <ATen/Context.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "batchcast/common/error.h"
+#include "batchcast/cuda/transport.h"
+#include "batchcast/ring/shared_region.h"
+
+namespace batchcast {
+namespace {
+
+class HostMapping final : public MappedRing {
+ public:
+  HostMapping(const protocol::Ring& ring, int64_t producer_pid, Released released)
+      : region_(SharedRegion::open(producer_pid, ring.fd, ring.bytes)), released_(std::move(released)) {
+    base_ = region_.data();
+    size_ = region_.size();
+  }
+
+  c10::Device device() const override { return c10::kCPU; }
+  std::optional<c10::Stream> ready(int32_t) override { return std::nullopt; }
+  void release(uint64_t seq, const std::optional<c10::Stream>&) noexcept override { released_(seq); }
+
+ private:
+  SharedRegion region_;
+  Released released_;
+};
+
+class CudaMapping final : public MappedRing {
+ public:
+  CudaMapping(const protocol::Ring& ring, Released released) : released_(std::move(released)) {
+    if (!at::hasCUDA()) {
+      throw CudaError("the producer serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
+                      " but the torch in this process has no CUDA support; install a CUDA build "
+                      "of torch here");
+    }
+    memory_ = std::make_unique<cuda::ImportedRing>(ring.gpu_uuid, ring.memory_handle, ring.bytes,
+                                                   ring.event_handles);
+    memory_opens_ = 1;  // one ring allocation
+    event_opens_ = memory_->events();
+    waiter_ = std::make_unique<cuda::ReleaseWaiter>(memory_->device(), released_);
+    base_ = memory_->data();
+    size_ = memory_->size();
+  }
+
+  ~CudaMapping() override {
+    waiter_.reset();  // waits for what is pending: its thread calls released_
+    memory_.reset();
+  }
+
+  c10::Device device() const override {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(memory_->device()));
+  }
+  int events() const override { return memory_->events(); }
+
+  std::optional<c10::Stream> ready(int32_t event) override {
+    c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
+    const c10::Stream stream = gpu.getStream(device());
+    gpu.block(memory_->event(event), stream);
+    return stream;
+  }
+
+  // The slot was used on `stream` (current when it was taken) and maybe since
+  // on the stream current here (a prefetching pattern): cover both.
+  void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override {
+    if (!stream) {
+      released_(seq);
+      return;
+    }
+    void* event = nullptr;
+    c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
+    try {
+      event = waiter_->acquire();
+      const c10::Stream current = gpu.getStream(stream->device());
+      if (current != *stream) {
+        void* first = waiter_->acquire();
+        gpu.record(&first, *stream, stream->device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+        gpu.block(first, current);
+        waiter_->discard(first);  // re-recording it later cannot affect this wait
+      }
+      gpu.record(&event, current, current.device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+      waiter_->add(seq, event);
+      return;
+    } catch (...) {
+      // CUDA is failing (the process is exiting?): wait for the stream if it
+      // still can, rather than hand back memory the GPU may still read.
+      if (event != nullptr) waiter_->discard(event);
+      try {
+        gpu.synchronizeStream(*stream);
+      } catch (...) {
+      }
+    }
+    released_(seq);
+  }
+
+  int64_t releases_in_flight() const override { return waiter_->pending(); }
+
+ private:
+  Released released_;
+  std::unique_ptr<cuda::ImportedRing> memory_;
+  std::unique_ptr<cuda::ReleaseWaiter> waiter_;
+};
+
+}  // namespace
+
+std::unique_ptr<MappedRing> MappedRing::open(const protocol::Ring& ring, int64_t producer_pid,
+                                             Released released) {
+  if (!ring.on_gpu()) return std::make_unique<HostMapping>(ring, producer_pid, std::move(released));
+  if (producer_pid == ::getpid()) {
+    throw CudaError("a consumer cannot map a GPU ring of a producer in its own process (CUDA IPC "
+                    "handles open only in other processes); run the producer in another process");
+  }
+  return std::make_unique<CudaMapping>(ring, std::move(released));
+}
+
+}  // namespace batchcast

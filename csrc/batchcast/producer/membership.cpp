@@ -1,0 +1,363 @@
+#include "batchcast/producer/membership.h"
+
+#include <algorithm>
+
+#include "batchcast/common/error.h"
+
+namespace batchcast {
+
+Membership::Membership(MembershipOptions options) : options_(std::move(options)) {}
+
+std::string Membership::who(const Member& m) const {
+  return "consumer pid " + std::to_string(m.pid) + " of producer '" + options_.name + "'";
+}
+
+void Membership::report(Actions& out, Report::Level level, std::string message) const {
+  out.reports.push_back(Report{level, {}, std::move(message)});
+}
+
+int64_t Membership::active() const {
+  int64_t n = 0;
+  for (const auto& [peer, m] : members_) n += m.leaving ? 0 : 1;
+  return n;
+}
+
+// The ring has room for `slots` batches that consumers keep, besides those in
+// flight; each consumer present gets an equal share. A consumer notices that
+// it keeps batches only once it holds one beyond the batch it works on, so it
+// may overshoot its budget by up to two batches' slots (at most 4): the
+// budget leaves that much of its share free.
+int32_t Membership::pin_budget() const {
+  const int64_t n = std::max<int64_t>(active(), 1);
+  return static_cast<int32_t>(std::max<int64_t>(0, options_.slots / n - 4));
+}
+
+std::vector<int64_t> Membership::ring_importers() const {
+  std::vector<int64_t> pids;
+  for (const auto& [peer, m] : members_) {
+    if (m.mapped) pids.push_back(m.pid);
+  }
+  return pids;
+}
+
+std::vector<ConsumerInfo> Membership::consumers() const {
+  std::vector<ConsumerInfo> out;
+  for (const auto& [peer, m] : members_) {
+    ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, 0, m.batches_sent, m.leaving};
+    for (const auto& [seq, hold] : holds_) {
+      if (hold.holders.count(peer) == 0) continue;
+      info.slots_held += 1;
+      info.slots_pinned += seq < m.released_upto ? 1 : 0;
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+void Membership::send(Actions& out, const std::string& peer, std::shared_ptr<const std::string> bytes) {
+  out.sends.push_back(Actions::Send{peer, std::move(bytes)});
+}
+
+// To every member that still takes messages and, with epoch >= 0, takes part in it.
+void Membership::broadcast(Actions& out, const protocol::Message& message, int64_t epoch) {
+  auto bytes = std::make_shared<const std::string>(protocol::encode(message));
+  for (const auto& [peer, m] : members_) {
+    if (m.leaving || (epoch >= 0 && m.first_epoch > epoch)) continue;
+    send(out, peer, bytes);
+  }
+}
+
+std::shared_ptr<const std::string> Membership::encode_batch(protocol::Announcement batch) const {
+  batch.pin_budget = pin_budget();
+  return std::make_shared<const std::string>(protocol::encode(batch));
+}
+
+// ---- messages from consumers ----------------------------------------------
+
+Actions Membership::on_message(const std::string& peer, const void* data, std::size_t size) {
+  Actions out;
+  protocol::Message msg;
+  try {
+    msg = protocol::decode(data, size);
+  } catch (const protocol::VersionMismatch& e) {
+    counters_.refused += 1;
+    send(out, peer,
+         std::make_shared<const std::string>(protocol::encode(protocol::Refuse{
+             "producer '" + options_.name + "' speaks batchcast protocol " +
+             std::to_string(protocol::kVersion) + " but this consumer speaks " +
+             std::to_string(e.version()) + "; install the same batchcast version on both"})));
+    return out;
+  } catch (const MalformedMessage&) {
+    counters_.dropped_messages += 1;
+    return out;
+  }
+  auto member = members_.find(peer);
+  if (const auto* hello = std::get_if<protocol::Hello>(&msg)) {
+    if (member != members_.end() || hello->pid <= 0) {
+      counters_.dropped_messages += 1;
+    } else {
+      join(peer, *hello, out);
+    }
+    return out;
+  }
+  if (member == members_.end()) {
+    // Late words of a consumer already forgotten are expected; anything else is not.
+    if (!std::holds_alternative<protocol::Release>(msg) && !std::holds_alternative<protocol::Bye>(msg) &&
+        !std::holds_alternative<protocol::Unmapped>(msg)) {
+      counters_.dropped_messages += 1;
+    }
+    return out;
+  }
+  Member& m = member->second;
+  if (const auto* release = std::get_if<protocol::Release>(&msg)) {
+    for (uint64_t seq : release->seqs) {
+      if (holds_.count(seq) != 0) m.released_upto = std::max(m.released_upto, seq);
+      this->release(peer, seq, out);
+    }
+    forget_if_done(peer, out);
+  } else if (std::holds_alternative<protocol::Bye>(msg)) {
+    if (!m.leaving) {
+      m.leaving = true;
+      counters_.leaves += 1;
+      out.members_changed = true;
+      report(out, Report::Level::Info, who(m) + " left");
+    }
+    forget_if_done(peer, out);
+  } else if (std::holds_alternative<protocol::Unmapped>(msg)) {
+    // It references nothing: what it still holds are announcements it never took.
+    if (!m.leaving) {
+      counters_.leaves += 1;
+      report(out, Report::Level::Info, who(m) + " left");
+    }
+    remove(peer, Departure::Unmapped, out);
+  } else {
+    counters_.dropped_messages += 1;
+  }
+  return out;
+}
+
+Actions Membership::on_malformed() {
+  counters_.dropped_messages += 1;
+  return {};
+}
+
+void Membership::join(const std::string& peer, const protocol::Hello& hello, Actions& out) {
+  Member m;
+  m.id = next_id_++;
+  m.pid = hello.pid;
+  m.first_epoch = next_joinable_epoch_;
+  // Catch-up: the current epoch from its start while all of its batches so
+  // far are retained; else the next epoch, as any late joiner.
+  const bool catch_up = (hello.flags & protocol::Hello::kCatchUp) != 0 && delivered_epoch_ >= 0;
+  if (catch_up && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
+    m.first_epoch = delivered_epoch_;
+  } else if (catch_up) {
+    report(out, Report::Level::Notice,
+           "consumer pid " + std::to_string(hello.pid) + " joined epoch " +
+               std::to_string(delivered_epoch_) + " of producer '" + options_.name +
+               "' after its first " + std::to_string(options_.catch_up_window) +
+               " batches (catch_up_window); it starts at epoch " + std::to_string(m.first_epoch));
+  }
+  m.mapped = options_.ring.on_gpu() && options_.ring.exists();
+  auto& member = members_.emplace(peer, m).first->second;
+  counters_.joins += 1;
+  out.members_changed = true;
+  report(out, Report::Level::Info,
+         who(member) + " joined (first epoch " + std::to_string(member.first_epoch) + ")");
+
+  protocol::Welcome w;
+  w.producer_pid = options_.producer_pid;
+  w.ring = options_.ring;
+  w.consumer_id = member.id;
+  w.first_epoch = member.first_epoch;
+  w.samples_per_epoch = options_.samples_per_epoch;
+  w.batches_per_epoch = options_.batches_per_epoch;
+  w.slots = options_.slots;
+  w.pin_budget = pin_budget();
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
+  if (finished_) {  // nothing more will come: say so at once
+    send(out, peer, finished_);
+    return;
+  }
+  if (member.first_epoch == delivered_epoch_) {
+    for (const auto& batch : retained_) {
+      holds_.at(batch.seq).holders.insert(peer);
+      member.batches_sent += 1;
+      send(out, peer, encode_batch(batch));
+    }
+  }
+}
+
+void Membership::release(const std::string& peer, uint64_t seq, Actions& out) {
+  auto hold = holds_.find(seq);
+  if (hold == holds_.end()) return;
+  hold->second.holders.erase(peer);
+  free_if_unheld(hold, out);
+}
+
+void Membership::free_if_unheld(std::map<uint64_t, Hold>::iterator hold, Actions& out) {
+  if (!hold->second.holders.empty() || hold->second.retained) return;
+  out.freed.push_back(hold->first);
+  holds_.erase(hold);
+}
+
+// A member that said goodbye is forgotten once it holds nothing (and has
+// unmapped a GPU ring); until then its slots stay its own.
+void Membership::forget_if_done(const std::string& peer, Actions& out) {
+  auto m = members_.find(peer);
+  if (m == members_.end() || !m->second.leaving || m->second.mapped) return;
+  for (const auto& [seq, hold] : holds_) {
+    if (hold.holders.count(peer) != 0) return;
+  }
+  members_.erase(m);
+  out.members_changed = true;
+}
+
+void Membership::remove(const std::string& peer, Departure how, Actions& out) {
+  auto m = members_.find(peer);
+  if (m == members_.end()) return;
+  if (how == Departure::Crashed) {
+    counters_.crashes += 1;
+    report(out, Report::Level::Notice, who(m->second) + " exited without leaving; what it held is freed");
+  }
+  members_.erase(m);
+  out.members_changed = true;
+  for (auto hold = holds_.begin(); hold != holds_.end();) {
+    auto next = std::next(hold);
+    if (hold->second.holders.erase(peer) != 0) free_if_unheld(hold, out);
+    hold = next;
+  }
+}
+
+// ---- the producer's stream --------------------------------------------------
+
+Actions Membership::on_ring(const protocol::Ring& ring) {
+  Actions out;
+  options_.ring = ring;
+  for (auto& [peer, m] : members_) {
+    if (!m.leaving && ring.on_gpu()) m.mapped = true;
+  }
+  broadcast(out, protocol::RingReady{ring});
+  return out;
+}
+
+Actions Membership::on_epoch_begin(int64_t epoch) {
+  // Newcomers may still join this epoch until its first batch.
+  next_joinable_epoch_ = std::max(next_joinable_epoch_, epoch);
+  return {};
+}
+
+Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now) {
+  Actions out;
+  next_joinable_epoch_ = std::max(next_joinable_epoch_, batch.epoch + 1);
+  if (batch.epoch != delivered_epoch_) {
+    end_retention(out);
+    delivered_epoch_ = batch.epoch;
+    delivered_in_epoch_ = 0;
+  }
+  delivered_in_epoch_ += 1;
+  if (delivered_in_epoch_ > options_.catch_up_window) end_retention(out);
+  auto hold = holds_.emplace(batch.seq, Hold{{}, now, false}).first;
+  auto bytes = encode_batch(batch);
+  if (delivered_in_epoch_ <= options_.catch_up_window) {
+    hold->second.retained = true;
+    retained_.push_back(std::move(batch));
+  }
+  for (auto& [peer, m] : members_) {
+    if (m.leaving || m.first_epoch > delivered_epoch_) continue;
+    hold->second.holders.insert(peer);
+    m.batches_sent += 1;
+    send(out, peer, bytes);
+  }
+  free_if_unheld(hold, out);
+  return out;
+}
+
+Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
+  Actions out;
+  end_retention(out);
+  delivered_epoch_ = -1;  // no epoch in progress: every newcomer gets the next
+  delivered_in_epoch_ = 0;
+  next_joinable_epoch_ = std::max(next_joinable_epoch_, end.epoch + 1);
+  if (options_.samples_per_epoch < 0) options_.samples_per_epoch = end.samples;
+  if (options_.batches_per_epoch < 0) options_.batches_per_epoch = end.batches;
+  broadcast(out, end, end.epoch);
+  return out;
+}
+
+Actions Membership::on_loader_failed(const protocol::LoaderFailed& failed) {
+  Actions out;
+  broadcast(out, failed);
+  return out;
+}
+
+Actions Membership::on_finished(const protocol::Finished& finished) {
+  Actions out;
+  finished_ = std::make_shared<const std::string>(protocol::encode(finished));
+  for (const auto& [peer, m] : members_) {
+    if (!m.leaving) send(out, peer, finished_);
+  }
+  return out;
+}
+
+void Membership::end_retention(Actions& out) {
+  auto retained = std::move(retained_);
+  retained_.clear();
+  for (const auto& batch : retained) {
+    auto hold = holds_.find(batch.seq);
+    if (hold == holds_.end()) continue;
+    hold->second.retained = false;
+    free_if_unheld(hold, out);
+  }
+}
+
+// ---- liveness and stragglers ------------------------------------------------
+
+Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool waiting_for_space,
+                             Clock::time_point now) {
+  Actions out;
+  std::vector<std::string> dead;
+  for (const auto& [peer, m] : members_) {
+    if (!alive(m.pid)) dead.push_back(peer);
+  }
+  for (const auto& peer : dead) remove(peer, Departure::Crashed, out);
+
+  if (options_.straggler_timeout <= 0 || !waiting_for_space) return out;
+  // The member that has left a batch unreleased the longest, among batches it
+  // has not moved past (those it keeps are within its pin budget).
+  std::string slowest;
+  Clock::time_point oldest = now;
+  for (const auto& [seq, hold] : holds_) {
+    if (hold.since >= oldest) continue;
+    for (const auto& peer : hold.holders) {
+      const Member& m = members_.at(peer);
+      if (m.leaving || seq < m.released_upto) continue;
+      slowest = peer;
+      oldest = hold.since;
+      break;
+    }
+  }
+  const double held = std::chrono::duration<double>(now - oldest).count();
+  if (!slowest.empty() && held >= options_.straggler_timeout) evict(slowest, held, out);
+  return out;
+}
+
+void Membership::evict(const std::string& peer, double held_seconds, Actions& out) {
+  Member& m = members_.at(peer);
+  const std::string reason =
+      "batchcast producer '" + options_.name + "' evicted this consumer (pid " + std::to_string(m.pid) +
+      "): it left a batch unconsumed for " + std::to_string(static_cast<int>(held_seconds)) +
+      " s while the others waited (straggler_timeout=" + std::to_string(options_.straggler_timeout) +
+      " s); consume faster, or raise the timeout";
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{reason})));
+  // It gets nothing more. What it references stays valid: the consumer
+  // releases everything else when it reads this, and the rest when freed.
+  m.leaving = true;
+  counters_.evictions += 1;
+  out.members_changed = true;
+  report(out, Report::Level::Notice, who(m) + " was evicted: it left a batch unconsumed for " +
+                                         std::to_string(static_cast<int>(held_seconds)) +
+                                         " s (straggler_timeout)");
+}
+
+}  // namespace batchcast

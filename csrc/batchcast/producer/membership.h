@@ -1,0 +1,163 @@
+// Who the consumers are and which ring slots each one holds: the producer's
+// membership rules as a state machine without I/O (no ZeroMQ, no CUDA, no
+// clock of its own). It takes events — a message from a peer, the next item of
+// the producer's stream, a liveness sweep — and returns what to send to whom,
+// which slots are free again and what to report. The producer's I/O loop only
+// moves bytes; tests drive this class directly.
+//
+// The rules:
+// - Join: a consumer that says Hello before an epoch's first batch takes part
+//   in that epoch, otherwise it starts at the next one. With catch-up, it gets
+//   the current epoch from its start while the epoch's first batches are still
+//   retained (catch_up_window).
+// - Lockstep: a slot is free once every consumer it was announced to has
+//   released it (and the catch-up window no longer retains it).
+// - Leave: Bye means "send nothing more"; the slots the consumer still
+//   references stay held until it releases them. Unmapped means it references
+//   nothing and has closed its mapping of the ring.
+// - Crash: a consumer whose process is gone is dropped with everything it held.
+// - Keeping: each consumer may pin a share of the ring with batches it keeps
+//   (pin_budget); beyond that it takes private copies, so what consumers keep
+//   never fills the ring and never counts as lagging behind.
+// - Stragglers: while the producer waits for space, a consumer that has left
+//   a batch unreleased longer than straggler_timeout — one it has not moved
+//   past, so not a batch it keeps — is evicted: it gets nothing more, and
+//   frees what it does not reference.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "batchcast/common/report.h"
+#include "batchcast/protocol/message.h"
+
+namespace batchcast {
+
+struct MembershipOptions {
+  std::string name;               // the producer's name, for messages
+  int64_t producer_pid = 0;
+  int64_t slots = 8;              // loader batches the ring is sized for
+  int64_t catch_up_window = 0;    // first batches of each epoch retained for catch-up joins
+  double straggler_timeout = 0;   // seconds; 0: never evict
+  int64_t samples_per_epoch = -1; // -1: learned when the first epoch ends
+  int64_t batches_per_epoch = -1;
+  protocol::Ring ring;            // where the ring is (a GPU's UUID) before it exists
+};
+
+struct ConsumerInfo {
+  uint64_t id = 0;
+  int64_t pid = 0;
+  int64_t first_epoch = 0;
+  int64_t slots_held = 0;    // slots it has not released (announced, queued or referenced)
+  int64_t slots_pinned = 0;  // of those, slots it has moved past: batches it keeps
+  int64_t batches_sent = 0;
+  bool leaving = false;      // said goodbye or was evicted: gets nothing more
+};
+
+struct MembershipCounters {
+  int64_t joins = 0;
+  int64_t leaves = 0;            // said goodbye
+  int64_t crashes = 0;           // vanished without goodbye
+  int64_t evictions = 0;         // stragglers removed (straggler_timeout)
+  int64_t refused = 0;           // other protocol versions
+  int64_t dropped_messages = 0;  // malformed or unexpected
+};
+
+// What one event asks of the I/O loop and of the ring.
+struct Actions {
+  struct Send {
+    std::string peer;
+    std::shared_ptr<const std::string> bytes;
+  };
+  std::vector<Send> sends;
+  std::vector<uint64_t> freed;  // slots nobody holds any more
+  std::vector<Report> reports;
+  bool members_changed = false;  // a consumer joined or went: wake whoever waits on that
+};
+
+class Membership {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit Membership(MembershipOptions options);
+
+  // A message from a peer (raw bytes, validated here): Hello, Release, Bye,
+  // Unmapped. Anything else is dropped and counted; another protocol version
+  // is refused with a message that says what to do.
+  Actions on_message(const std::string& peer, const void* data, std::size_t size);
+
+  // The producer's stream, in the order consumers must see it.
+  Actions on_ring(const protocol::Ring& ring);  // the ring exists now
+  Actions on_epoch_begin(int64_t epoch);
+  Actions on_batch(protocol::Announcement batch, Clock::time_point now);
+  Actions on_epoch_end(const protocol::EpochEnd& end);
+  Actions on_loader_failed(const protocol::LoaderFailed& failed);
+  Actions on_finished(const protocol::Finished& finished);
+
+  // Periodically: consumers whose process is gone are dropped; while the
+  // producer waits for ring space, a straggler is evicted.
+  Actions on_sweep(const std::function<bool(int64_t pid)>& alive, bool waiting_for_space,
+                   Clock::time_point now);
+
+  // A message that is not even two frames (a peer id and a body).
+  Actions on_malformed();
+
+  int64_t active() const;  // consumers that have not said goodbye
+  // Processes that may still map the ring (GPU: it may be freed only after
+  // each of them has unmapped it or exited).
+  std::vector<int64_t> ring_importers() const;
+  std::vector<ConsumerInfo> consumers() const;
+  const MembershipCounters& counters() const { return counters_; }
+  int32_t pin_budget() const;
+  int64_t slots_held() const { return static_cast<int64_t>(holds_.size()); }
+
+ private:
+  struct Member {
+    uint64_t id = 0;
+    int64_t pid = 0;
+    int64_t first_epoch = 0;
+    int64_t batches_sent = 0;
+    uint64_t released_upto = 0;  // highest slot it released: held slots below it are kept
+    bool leaving = false;
+    bool mapped = false;         // was given a GPU ring it has not said it unmapped
+  };
+  struct Hold {
+    std::set<std::string> holders;
+    Clock::time_point since;
+    bool retained = false;  // kept for catch-up joins
+  };
+  enum class Departure { Unmapped, Crashed };
+
+  void join(const std::string& peer, const protocol::Hello& hello, Actions& out);
+  void send(Actions& out, const std::string& peer, std::shared_ptr<const std::string> bytes);
+  void broadcast(Actions& out, const protocol::Message& message, int64_t epoch = -1);
+  std::shared_ptr<const std::string> encode_batch(protocol::Announcement batch) const;
+  void release(const std::string& peer, uint64_t seq, Actions& out);
+  void free_if_unheld(std::map<uint64_t, Hold>::iterator hold, Actions& out);
+  void forget_if_done(const std::string& peer, Actions& out);
+  void remove(const std::string& peer, Departure how, Actions& out);
+  void evict(const std::string& peer, double held_seconds, Actions& out);
+  void end_retention(Actions& out);
+  void report(Actions& out, Report::Level level, std::string message) const;
+  std::string who(const Member& m) const;
+
+  MembershipOptions options_;
+  std::map<std::string, Member> members_;  // by ZeroMQ routing id
+  std::map<uint64_t, Hold> holds_;          // announced slots not yet free
+  std::vector<protocol::Announcement> retained_;  // the current epoch's first batches
+  int64_t delivered_epoch_ = -1;            // epoch in progress; -1 between epochs
+  int64_t delivered_in_epoch_ = 0;
+  int64_t next_joinable_epoch_ = 0;
+  uint64_t next_id_ = 1;
+  std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
+  MembershipCounters counters_;
+};
+
+}  // namespace batchcast

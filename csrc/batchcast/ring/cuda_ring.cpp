@@ -1,0 +1,116 @@
+// A ring in GPU memory: one cudaMalloc, exported once with CUDA IPC, with an
+// interprocess event per slot. Each batch costs one host-to-device copy on the
+// ring's own stream: straight from the loader's tensors when they are pinned
+// (pin_memory=True), else through pinned staging.
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "batchcast/common/error.h"
+#include "batchcast/cuda/transport.h"
+#include "batchcast/ring/ring.h"
+
+namespace batchcast {
+namespace {
+
+// A leaf's room in pinned staging: 256-byte aligned, as DMA likes it.
+uint64_t staged_size(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Copied without staging: pinned host memory, laid out as the ring wants it.
+bool direct(const at::Tensor& t) { return t.is_pinned() && t.is_contiguous(); }
+
+class CudaRing final : public Ring {
+ public:
+  explicit CudaRing(RingOptions options) : Ring(std::move(options)) {
+    if (!cuda::built()) (void)cuda::device_uuid(options_.cuda_device);  // throws: no CUDA transport
+    const int visible = cuda::device_count();
+    if (options_.cuda_device >= visible) {
+      throw CudaError("cannot serve from cuda:" + std::to_string(options_.cuda_device) +
+                      ": this process sees " + std::to_string(visible) + " GPU(s)");
+    }
+    description_.gpu_uuid = cuda::device_uuid(options_.cuda_device);
+  }
+
+  ~CudaRing() override { drain(); }
+
+  std::string device() const override { return "cuda:" + std::to_string(options_.cuda_device); }
+  bool unmap_before_free() const override { return true; }
+
+  void check(const Batch& batch) const override {
+    for (const Leaf& leaf : batch.leaves) {
+      const auto* t = std::get_if<at::Tensor>(&leaf);
+      if (t != nullptr && !t->device().is_cpu()) {
+        throw InvalidArgument("a producer serving from " + device() +
+                              " copies batches from host memory, but this batch has a tensor on " +
+                              t->device().str() + "; let the loader return CPU tensors");
+      }
+    }
+  }
+
+  void write(const Batch& batch, const RingSlot& slot) override {
+    uint64_t to_stage = 0;
+    for (const Leaf& leaf : batch.leaves) {
+      const auto* t = std::get_if<at::Tensor>(&leaf);
+      if (t != nullptr && t->numel() > 0 && !direct(*t)) to_stage += staged_size(t->nbytes());
+    }
+    // staging() waits until this buffer's previous copies are done, and with
+    // them the copies straight from the pinned tensors kept beside it.
+    const int buffer = memory_->staging_index();
+    std::byte* staged = memory_->staging(std::max<uint64_t>(to_stage, 256));
+    sources_[buffer].clear();
+    uint64_t staged_at = 0;
+    std::size_t lane = 0;
+    for (const Leaf& leaf : batch.leaves) {
+      const auto* t = std::get_if<at::Tensor>(&leaf);
+      if (t == nullptr) continue;
+      const uint64_t offset = slot.offsets[lane++];
+      const uint64_t n = t->nbytes();
+      if (n == 0) continue;
+      if (direct(*t)) {
+        memory_->copy_in(static_cast<const std::byte*>(t->data_ptr()), offset, n);
+        sources_[buffer].push_back(*t);  // alive until the copy is done
+      } else {
+        at::from_blob(staged + staged_at, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
+            .copy_(*t);
+        memory_->copy_in(staged + staged_at, offset, n);
+        staged_at += staged_size(n);
+      }
+    }
+    memory_->commit(slot.event);
+  }
+
+  void drain() noexcept override {
+    if (!memory_) return;
+    try {
+      memory_->synchronize();
+    } catch (const Error&) {
+    }
+    for (auto& kept : sources_) kept.clear();
+  }
+
+ protected:
+  int events_per_slot() const override { return 1; }
+
+  void allocate_memory(uint64_t bytes, int events) override {
+    auto memory = std::make_unique<cuda::DeviceRing>(options_.cuda_device, bytes, events);
+    std::string handle = memory->memory_handle();
+    std::vector<std::string> event_handles = memory->event_handles();
+    memory_ = std::move(memory);
+    description_.memory_handle = std::move(handle);
+    description_.event_handles = std::move(event_handles);
+    description_.bytes = bytes;
+  }
+
+ private:
+  std::unique_ptr<cuda::DeviceRing> memory_;
+  std::vector<at::Tensor> sources_[2];  // pinned loader tensors being copied, per staging buffer
+};
+
+}  // namespace
+
+std::unique_ptr<Ring> make_cuda_ring(const RingOptions& options) {
+  return std::make_unique<CudaRing>(options);
+}
+
+}  // namespace batchcast

@@ -1,0 +1,49 @@
+#include "batchcast/ring/shared_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "batchcast/common/error.h"
+
+namespace batchcast {
+
+SharedRegion SharedRegion::create(std::size_t bytes, const std::string& label) {
+  SharedRegion r;
+  r.fd_ = Fd(::memfd_create(("batchcast:" + label).c_str(), MFD_CLOEXEC));
+  if (!r.fd_.valid()) throw SystemError("memfd_create", errno);
+  if (::ftruncate(r.fd_.get(), static_cast<off_t>(bytes)) != 0) {
+    throw SystemError("cannot size shared ring to " + std::to_string(bytes) + " bytes", errno);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd_.get(), 0);
+  if (p == MAP_FAILED) throw SystemError("mmap of shared ring", errno);
+  r.mapping_ = Mapping(p, bytes);
+  // Fault every page in now: writes into fresh MAP_SHARED pages run ~10x
+  // slower than memcpy. Touching also makes a short tmpfs fail here, not later.
+  std::memset(p, 0, bytes);
+  return r;
+}
+
+SharedRegion SharedRegion::open(long producer_pid, int fd, std::size_t bytes) {
+  SharedRegion r;
+  std::string path = "/proc/" + std::to_string(producer_pid) + "/fd/" + std::to_string(fd);
+  do {
+    r.fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  } while (!r.fd_.valid() && errno == EINTR);
+  if (!r.fd_.valid()) throw SystemError("cannot open the producer's ring at " + path, errno);
+  off_t actual = ::lseek(r.fd_.get(), 0, SEEK_END);
+  if (actual < 0 || static_cast<std::size_t>(actual) < bytes) {
+    throw MalformedMessage("ring at " + path + " is smaller than announced");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, r.fd_.get(), 0);
+  if (p == MAP_FAILED) throw SystemError("mmap of the producer's ring", errno);
+  r.mapping_ = Mapping(p, bytes);
+  r.mapping_.guard_writes();
+  r.fd_.reset();  // the mapping keeps the memory alive
+  return r;
+}
+
+}  // namespace batchcast

@@ -1,0 +1,33 @@
+// Host memory for a ring: one memfd, mapped read-write by the producer and
+// read-only by each consumer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "batchcast/common/fd.h"
+
+namespace batchcast {
+
+// A memfd and its mapping. Nothing appears in /dev/shm, and the memory goes
+// away with the last process that maps it, whatever way that process exits.
+class SharedRegion {
+ public:
+  // Producer side: read-write, pages faulted in once here so that writes
+  // later run at memcpy speed.
+  static SharedRegion create(std::size_t bytes, const std::string& label);
+  // Consumer side: reopen the producer's memfd through /proc and map it
+  // read-only (batches are shared; writing into one would corrupt the others).
+  static SharedRegion open(long producer_pid, int fd, std::size_t bytes);
+
+  std::byte* data() const { return mapping_.data(); }
+  std::size_t size() const { return mapping_.size(); }
+  int fd() const { return fd_.get(); }
+
+ private:
+  Fd fd_;
+  Mapping mapping_;
+};
+
+}  // namespace batchcast

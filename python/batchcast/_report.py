@@ -1,0 +1,45 @@
+"""Where the core's reports go: things a user should fix become Python
+warnings (filterable, ``-W error`` turns them into exceptions), events go to
+``logging.getLogger("batchcast")``. The core calls `handle` on the thread of
+the call that was running, never from a background thread."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+logger = logging.getLogger("batchcast")
+
+
+class BatchcastWarning(UserWarning):
+    """Base of every warning batchcast gives."""
+
+
+class KeptBatchesWarning(BatchcastWarning):
+    """A consumer keeps so many of its batches that they pin more than its
+    share of the producer's ring; it now takes private copies of new batches.
+    Keep ``.clone()``s of what you store, not the batches themselves."""
+
+
+class LingerWarning(BatchcastWarning):
+    """A producer freed its GPU ring while consumers still mapped it (after
+    ``linger`` seconds): batches they still hold are no longer valid."""
+
+
+_CATEGORIES = {"KeptBatches": KeptBatchesWarning, "Linger": LingerWarning}
+
+# Levels as the core numbers them (batchcast._C.ReportLevel).
+_DEBUG, _INFO, _NOTICE, _WARNING = 0, 1, 2, 3
+
+
+def handle(level: int, kind: str, message: str) -> None:
+    if level == _WARNING:
+        # stacklevel 3: past this handler and the batchcast frame that called
+        # into the core, at the user's code.
+        warnings.warn(message, _CATEGORIES.get(kind, BatchcastWarning), stacklevel=3)
+    elif level == _NOTICE:
+        logger.warning(message)
+    elif level == _INFO:
+        logger.info(message)
+    else:
+        logger.debug(message)

@@ -1,0 +1,404 @@
+// The producer's membership rules, in-process and without I/O: join, leave,
+// crash, evict, late join (next epoch, catch-up), lockstep, keeping, unmap,
+// and seeded random kills — each a sequence of events and the messages and
+// freed slots that must come out.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "batchcast/producer/membership.h"
+
+using namespace batchcast;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Drives a Membership and records what it says, peer by peer.
+struct Harness {
+  explicit Harness(MembershipOptions options = {}) : m([&] {
+    if (options.name.empty()) options.name = "p";
+    if (options.producer_pid == 0) options.producer_pid = 1;
+    return options;
+  }()) {}
+
+  Membership m;
+  Clock::time_point now = Clock::time_point{} + 1h;
+  std::map<std::string, std::vector<protocol::Message>> got;
+  std::multiset<uint64_t> freed;
+  std::vector<Report> reports;
+  std::set<int64_t> dead;
+  uint64_t next_seq = 1;
+  int64_t epoch = -1;
+  int64_t index = 0;
+
+  void take(Actions a) {
+    for (const auto& s : a.sends) got[s.peer].push_back(protocol::decode(s.bytes->data(), s.bytes->size()));
+    for (uint64_t seq : a.freed) freed.insert(seq);
+    for (auto& r : a.reports) reports.push_back(r);
+  }
+  void say(const std::string& peer, const protocol::Message& msg) {
+    std::string bytes = protocol::encode(msg);
+    take(m.on_message(peer, bytes.data(), bytes.size()));
+  }
+  void hello(const std::string& peer, int64_t pid, bool catch_up = false) {
+    say(peer, protocol::Hello{pid, catch_up ? protocol::Hello::kCatchUp : 0u});
+  }
+  void release(const std::string& peer, std::vector<uint64_t> seqs) { say(peer, protocol::Release{seqs}); }
+  void begin(int64_t e) {
+    epoch = e;
+    index = 0;
+    take(m.on_epoch_begin(e));
+  }
+  uint64_t batch() {
+    protocol::Announcement a;
+    a.epoch = epoch;
+    a.index = index++;
+    a.seq = next_seq++;
+    a.samples = 1;
+    take(m.on_batch(a, now));
+    return a.seq;
+  }
+  void end() { take(m.on_epoch_end(protocol::EpochEnd{epoch, index, index})); }
+  void sweep(bool waiting = false) {
+    take(m.on_sweep([&](int64_t pid) { return dead.count(pid) == 0; }, waiting, now));
+  }
+
+  template <typename T>
+  std::vector<T> of(const std::string& peer) const {
+    std::vector<T> out;
+    auto it = got.find(peer);
+    if (it == got.end()) return out;
+    for (const auto& msg : it->second) {
+      if (const auto* x = std::get_if<T>(&msg)) out.push_back(*x);
+    }
+    return out;
+  }
+  std::vector<uint64_t> seqs(const std::string& peer) const {
+    std::vector<uint64_t> out;
+    for (const auto& a : of<protocol::Announcement>(peer)) out.push_back(a.seq);
+    return out;
+  }
+  bool said(const std::string& text) const {
+    return std::any_of(reports.begin(), reports.end(),
+                       [&](const Report& r) { return r.message.find(text) != std::string::npos; });
+  }
+};
+
+MembershipOptions with(int64_t slots, int64_t window = 0, double straggler = 0) {
+  MembershipOptions o;
+  o.slots = slots;
+  o.catch_up_window = window;
+  o.straggler_timeout = straggler;
+  return o;
+}
+
+}  // namespace
+
+TEST(Membership, AConsumerJoiningBeforeTheFirstBatchTakesPartInThatEpoch) {
+  Harness h;
+  h.begin(0);
+  h.hello("a", 10);
+  ASSERT_EQ(h.of<protocol::Welcome>("a").size(), 1u);
+  EXPECT_EQ(h.of<protocol::Welcome>("a")[0].first_epoch, 0);
+  uint64_t s = h.batch();
+  h.hello("b", 11);  // after the first batch: the next epoch
+  EXPECT_EQ(h.of<protocol::Welcome>("b")[0].first_epoch, 1);
+  h.batch();
+  h.end();
+  EXPECT_EQ(h.seqs("a"), (std::vector<uint64_t>{s, s + 1}));
+  EXPECT_TRUE(h.seqs("b").empty());
+  EXPECT_TRUE(h.of<protocol::EpochEnd>("b").empty());  // not its epoch
+  h.begin(1);
+  uint64_t t = h.batch();
+  EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{t}));
+  EXPECT_EQ(h.m.counters().joins, 2);
+  EXPECT_TRUE(h.said("consumer pid 11 of producer 'p' joined (first epoch 1)"));
+}
+
+TEST(Membership, ASlotIsFreeOnlyOnceEveryConsumerReleasedIt) {
+  Harness h;
+  h.hello("a", 10);
+  h.hello("b", 11);
+  h.begin(0);
+  uint64_t s = h.batch();
+  h.release("a", {s});
+  EXPECT_TRUE(h.freed.empty());  // lockstep: b still holds it
+  h.release("b", {s});
+  EXPECT_EQ(h.freed, (std::multiset<uint64_t>{s}));
+  h.release("b", {s});  // late duplicates change nothing
+  EXPECT_EQ(h.freed.count(s), 1u);
+}
+
+TEST(Membership, ABatchNobodyTakesIsFreeAtOnce) {
+  Harness h;
+  h.begin(0);
+  uint64_t s = h.batch();
+  EXPECT_EQ(h.freed, (std::multiset<uint64_t>{s}));
+}
+
+TEST(Membership, ByeStopsSendingButKeepsWhatTheConsumerStillReferences) {
+  Harness h;
+  h.hello("a", 10);
+  h.hello("b", 11);
+  h.begin(0);
+  uint64_t s1 = h.batch();
+  h.say("a", protocol::Bye{});
+  EXPECT_EQ(h.m.active(), 1);
+  uint64_t s2 = h.batch();
+  EXPECT_EQ(h.seqs("a"), (std::vector<uint64_t>{s1}));  // nothing after Bye
+  h.release("b", {s1, s2});
+  EXPECT_EQ(h.freed.count(s1), 0u);  // a's tensors still use it
+  EXPECT_EQ(h.m.consumers().size(), 2u);
+  h.release("a", {s1});
+  EXPECT_EQ(h.freed.count(s1), 1u);
+  EXPECT_EQ(h.m.consumers().size(), 1u);  // forgotten once it holds nothing
+  EXPECT_EQ(h.m.counters().leaves, 1);
+}
+
+TEST(Membership, UnmappedFreesWhatTheConsumerNeverTook) {
+  Harness h;
+  h.hello("a", 10);
+  h.begin(0);
+  uint64_t s1 = h.batch(), s2 = h.batch();
+  h.say("a", protocol::Unmapped{});
+  EXPECT_EQ(h.freed, (std::multiset<uint64_t>{s1, s2}));
+  EXPECT_TRUE(h.m.consumers().empty());
+  EXPECT_EQ(h.m.counters().leaves, 1);
+}
+
+TEST(Membership, ACrashedConsumerIsDroppedWithEverythingItHeld) {
+  Harness h;
+  h.hello("a", 10);
+  h.hello("b", 11);
+  h.begin(0);
+  uint64_t s1 = h.batch(), s2 = h.batch();
+  h.release("b", {s1, s2});
+  h.sweep();
+  EXPECT_TRUE(h.freed.empty());
+  h.dead.insert(10);
+  h.sweep();
+  EXPECT_EQ(h.freed, (std::multiset<uint64_t>{s1, s2}));
+  EXPECT_EQ(h.m.counters().crashes, 1);
+  EXPECT_EQ(h.m.active(), 1);
+  EXPECT_TRUE(h.said("consumer pid 10 of producer 'p' exited without leaving"));
+  uint64_t s3 = h.batch();
+  EXPECT_EQ(h.seqs("b").back(), s3);
+}
+
+TEST(Membership, CatchUpJoinsGetTheCurrentEpochWhileItsStartIsRetained) {
+  Harness h(with(8, /*window=*/2));
+  h.hello("first", 10);
+  h.begin(0);
+  uint64_t s1 = h.batch();
+  h.release("first", {s1});
+  EXPECT_TRUE(h.freed.empty());  // retained for catch-up joins
+  h.hello("late", 11, /*catch_up=*/true);
+  EXPECT_EQ(h.of<protocol::Welcome>("late")[0].first_epoch, 0);
+  EXPECT_EQ(h.seqs("late"), (std::vector<uint64_t>{s1}));  // replayed
+  uint64_t s2 = h.batch();
+  uint64_t s3 = h.batch();  // past the window: retention ends
+  EXPECT_EQ(h.seqs("late"), (std::vector<uint64_t>{s1, s2, s3}));
+  h.hello("too-late", 12, /*catch_up=*/true);
+  EXPECT_EQ(h.of<protocol::Welcome>("too-late")[0].first_epoch, 1);
+  EXPECT_TRUE(h.said("consumer pid 12 joined epoch 0 of producer 'p' after its first 2 batches"));
+  h.release("late", {s1});
+  EXPECT_EQ(h.freed.count(s1), 1u);
+}
+
+TEST(Membership, AStragglerIsEvictedOnlyWhileTheProducerWaits) {
+  Harness h(with(8, 0, /*straggler=*/1.0));
+  h.hello("fast", 10);
+  h.hello("slow", 11);
+  h.begin(0);
+  uint64_t s1 = h.batch(), s2 = h.batch();
+  h.release("fast", {s1, s2});
+  h.now += 5s;
+  h.sweep(/*waiting=*/false);
+  EXPECT_TRUE(h.of<protocol::Evicted>("slow").empty());
+  h.sweep(/*waiting=*/true);
+  ASSERT_EQ(h.of<protocol::Evicted>("slow").size(), 1u);
+  EXPECT_NE(h.of<protocol::Evicted>("slow")[0].reason.find("straggler_timeout=1"), std::string::npos);
+  EXPECT_EQ(h.m.counters().evictions, 1);
+  // It gets nothing more, and what it references stays held until it lets go.
+  uint64_t s3 = h.batch();
+  EXPECT_EQ(h.seqs("slow"), (std::vector<uint64_t>{s1, s2}));
+  EXPECT_EQ(h.freed.count(s1), 0u);
+  h.release("slow", {s1, s2});
+  EXPECT_EQ(h.freed.count(s1), 1u);
+  EXPECT_EQ(h.seqs("fast").back(), s3);
+}
+
+TEST(Membership, AConsumerKeepingOldBatchesIsNotAStraggler) {
+  Harness h(with(8, 0, /*straggler=*/1.0));
+  h.hello("keeper", 10);
+  h.begin(0);
+  uint64_t kept = h.batch();
+  for (int i = 0; i < 5; ++i) h.release("keeper", {h.batch()});  // moves on past `kept`
+  h.now += 10s;
+  h.sweep(/*waiting=*/true);
+  EXPECT_TRUE(h.of<protocol::Evicted>("keeper").empty());
+  auto info = h.m.consumers();
+  ASSERT_EQ(info.size(), 1u);
+  EXPECT_EQ(info[0].slots_held, 1);
+  EXPECT_EQ(info[0].slots_pinned, 1);
+  EXPECT_EQ(h.freed.count(kept), 0u);
+}
+
+TEST(Membership, ThePinBudgetIsAnEqualShareOfTheRoomForKeptBatches) {
+  Harness h(with(16));
+  EXPECT_EQ(h.m.pin_budget(), 12);  // a share of 16, less 4 for noticing late
+  h.hello("a", 10);
+  EXPECT_EQ(h.of<protocol::Welcome>("a")[0].pin_budget, 12);
+  h.hello("b", 11);
+  EXPECT_EQ(h.m.pin_budget(), 4);
+  for (int pid = 12; pid < 15; ++pid) h.hello("c" + std::to_string(pid), pid);
+  EXPECT_EQ(h.m.pin_budget(), 0);  // five consumers: each takes copies as soon as it keeps
+  h.begin(0);
+  h.batch();
+  EXPECT_EQ(h.of<protocol::Announcement>("a").back().pin_budget, 0);
+}
+
+TEST(Membership, AGpuRingIsMappedUntilEveryImporterUnmappedOrDied) {
+  MembershipOptions o = with(4);
+  o.ring.gpu_uuid = std::string(16, 'g');  // a GPU ring, not created yet
+  Harness h(o);
+  h.hello("a", 10);
+  h.hello("b", 11);
+  EXPECT_TRUE(h.m.ring_importers().empty());
+  protocol::Ring ring = o.ring;
+  ring.bytes = 4096;
+  ring.memory_handle = std::string(64, 'm');
+  ring.event_handles = {std::string(64, 'e')};
+  h.take(h.m.on_ring(ring));
+  EXPECT_EQ(h.of<protocol::RingReady>("a").size(), 1u);
+  EXPECT_EQ(h.m.ring_importers(), (std::vector<int64_t>{10, 11}));
+  h.say("a", protocol::Bye{});
+  EXPECT_EQ(h.m.ring_importers().size(), 2u);  // Bye is not Unmapped
+  h.say("a", protocol::Unmapped{});
+  EXPECT_EQ(h.m.ring_importers(), (std::vector<int64_t>{11}));
+  h.dead.insert(11);
+  h.sweep();
+  EXPECT_TRUE(h.m.ring_importers().empty());
+  h.hello("c", 12);  // joins with the ring existing: mapped from its Welcome
+  EXPECT_EQ(h.m.ring_importers(), (std::vector<int64_t>{12}));
+}
+
+TEST(Membership, AConsumerJoiningAFinishedProducerIsToldAtOnce) {
+  Harness h;
+  h.begin(0);
+  h.batch();
+  h.end();
+  h.take(h.m.on_finished(protocol::Finished{1}));
+  h.hello("late", 10);
+  ASSERT_EQ(h.got["late"].size(), 2u);
+  EXPECT_TRUE(std::holds_alternative<protocol::Welcome>(h.got["late"][0]));
+  EXPECT_EQ(std::get<protocol::Finished>(h.got["late"][1]).epochs, 1);
+}
+
+TEST(Membership, BadWordsAreDroppedAndOtherVersionsRefused) {
+  Harness h;
+  h.take(h.m.on_message("x", "garbage", 7));
+  EXPECT_EQ(h.m.counters().dropped_messages, 1);
+  std::string other = protocol::encode(protocol::Hello{10, 0}, 7);
+  h.take(h.m.on_message("x", other.data(), other.size()));
+  EXPECT_EQ(h.m.counters().refused, 1);
+  ASSERT_EQ(h.of<protocol::Refuse>("x").size(), 1u);
+  EXPECT_NE(h.of<protocol::Refuse>("x")[0].reason.find("speaks 7"), std::string::npos);
+  h.hello("a", 10);
+  h.hello("a", 10);  // twice
+  h.say("stranger", protocol::Release{{1, 2}});  // late words of nobody: ignored, not counted
+  h.say("a", protocol::Welcome{});               // a producer's message from a consumer
+  EXPECT_EQ(h.m.counters().dropped_messages, 3);
+  EXPECT_EQ(h.m.counters().joins, 1);
+}
+
+// Consumers that join, consume at random paces, keep batches and are killed
+// at random points: every slot is freed exactly once, never while a living
+// consumer that was sent it still holds it, and each survivor receives every
+// batch of each epoch it takes part in, in order.
+class RandomKills : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomKills, SurvivorsGetEverythingAndEverySlotIsFreedOnce) {
+  std::mt19937 rng(static_cast<unsigned>(GetParam()));
+  Harness h(with(4, /*window=*/1, /*straggler=*/0));
+  struct Peer {
+    int64_t pid;
+    std::vector<uint64_t> unreleased;
+    bool dead = false;
+    bool survivor = false;
+  };
+  std::map<std::string, Peer> peers;
+  int64_t next_pid = 100;
+  auto add = [&](bool survivor) {
+    std::string name = "c" + std::to_string(next_pid);
+    peers[name] = Peer{next_pid, {}, false, survivor};
+    h.hello(name, next_pid++, rng() % 2 == 0);
+  };
+  add(true);
+  add(true);
+  std::map<uint64_t, std::set<std::string>> sent_to;  // seq -> peers it was sent to
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    h.begin(epoch);
+    for (int b = 0; b < 40; ++b) {
+      if (rng() % 10 == 0) add(false);
+      uint64_t seq = h.batch();
+      for (auto& [name, p] : peers) {
+        auto sent = h.seqs(name);
+        if (!sent.empty() && sent.back() == seq) {
+          p.unreleased.push_back(seq);
+          sent_to[seq].insert(name);
+        }
+      }
+      for (auto& [name, p] : peers) {
+        if (p.dead) continue;
+        if (!p.survivor && rng() % 8 == 0) {  // killed, whatever it holds
+          p.dead = true;
+          h.dead.insert(p.pid);
+          continue;
+        }
+        // Release a random prefix (in order), sometimes keeping one back.
+        std::size_t n = rng() % (p.unreleased.size() + 1);
+        std::vector<uint64_t> out(p.unreleased.begin(), p.unreleased.begin() + static_cast<long>(n));
+        p.unreleased.erase(p.unreleased.begin(), p.unreleased.begin() + static_cast<long>(n));
+        if (!out.empty()) h.release(name, out);
+      }
+      if (rng() % 3 == 0) h.sweep();
+      // Never freed while a living peer it was sent to still holds it.
+      for (uint64_t seq : h.freed) {
+        for (const auto& name : sent_to[seq]) {
+          const Peer& p = peers[name];
+          bool holds = std::find(p.unreleased.begin(), p.unreleased.end(), seq) != p.unreleased.end();
+          ASSERT_FALSE(holds && !p.dead) << "slot " << seq << " freed while " << name << " holds it";
+        }
+      }
+    }
+    h.end();
+  }
+  h.sweep();
+  for (auto& [name, p] : peers) {
+    if (!p.dead) h.release(name, p.unreleased);
+  }
+  h.sweep();
+  // Every slot announced was freed, exactly once.
+  for (uint64_t seq = 1; seq < h.next_seq; ++seq) EXPECT_EQ(h.freed.count(seq), 1u) << "slot " << seq;
+  // The two survivors were there from the start: every batch, in order, per epoch.
+  for (auto& [name, p] : peers) {
+    if (!p.survivor) continue;
+    auto got = h.of<protocol::Announcement>(name);
+    ASSERT_EQ(got.size(), 120u) << name;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].epoch, static_cast<int64_t>(i / 40));
+      EXPECT_EQ(got[i].index, static_cast<int64_t>(i % 40));
+    }
+    EXPECT_EQ(h.of<protocol::EpochEnd>(name).size(), 3u);
+  }
+  EXPECT_GE(h.m.counters().crashes, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomKills, ::testing::Range(0, 8));

@@ -29,7 +29,9 @@ class Consumer:
     them: host shared memory, or the producer's GPU (zero-copy views; the
     current CUDA stream waits for the producer's copy, and the memory is reused
     only once that stream is past your last use of it, so use a batch on the
-    stream that was current when you took it). ``device="cuda:K"`` on another
+    stream that was current when you took it, or pass ``release_after="device"``
+    if you also use batches on side streams: then a slot goes back only once
+    the whole GPU is past it). ``device="cuda:K"`` on another
     GPU costs one GPU-to-GPU copy per loader batch; ``device="cpu"`` from a GPU
     producer costs one device-to-host copy. ``stats()`` says which was chosen.
     """
@@ -43,12 +45,15 @@ class Consumer:
         timeout: float = 30.0,
         late_join: str = "next_epoch",
         device: Any = None,
+        release_after: str = "stream",
         runtime_dir: str | None = None,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
         if late_join not in ("next_epoch", "catch_up"):
             raise ValueError(f"late_join must be 'next_epoch' or 'catch_up', not {late_join!r}")
+        if release_after not in ("stream", "device"):
+            raise ValueError(f"release_after must be 'stream' or 'device', not {release_after!r}")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
@@ -65,6 +70,7 @@ class Consumer:
             catch_up=late_join == "catch_up",
             placement=placement,
             cuda_device=cuda_device,
+            release_after=_C.ReleaseAfter.STREAM if release_after == "stream" else _C.ReleaseAfter.DEVICE,
         )
         self._stats: dict | None = None
 

@@ -318,7 +318,8 @@ void Channel::accept(protocol::Message m) {
 
 // Under mu_.
 void Channel::open_ring(const protocol::Ring& ring) {
-  ring_ = MappedRing::open(ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); });
+  ring_ = MappedRing::open(
+      ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
 }
 
 // Under mu_.

@@ -48,6 +48,7 @@ struct ChannelOptions {
   std::string name;      // the producer's
   std::string endpoint;  // where it listens
   bool catch_up = false;
+  MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.
   std::function<void()> interrupt;
 };

@@ -17,7 +17,8 @@ Consumer::Consumer(ConsumerOptions options)
   validate_name(options_.name);
   if (!(options_.timeout > 0)) throw InvalidArgument("timeout must be positive (seconds)");
   const std::string endpoint = endpoint_for(runtime_dir(options_.runtime_dir), options_.name);
-  channel_ = Channel::connect(ChannelOptions{options_.name, endpoint, options_.catch_up, options_.interrupt});
+  channel_ = Channel::connect(ChannelOptions{options_.name, endpoint, options_.catch_up,
+                                             options_.release_after, options_.interrupt});
   try {
     protocol::Welcome w = channel_->join(options_.timeout);
     next_epoch_ = w.first_epoch;
@@ -63,6 +64,7 @@ void Consumer::place(const protocol::Ring& ring) {
                     "torch here");
   }
   const int ring_device = cuda::visible_device(ring.gpu_uuid);
+  ring_device_ = ring_device;
   if (want == Placement::Host) {
     transfer_ = Transfer::DeviceToHost;
     device_ = c10::kCPU;
@@ -110,6 +112,10 @@ int64_t Consumer::begin_epoch() {
 
 std::optional<Batch> Consumer::next() {
   if (!in_epoch_) return std::nullopt;
+  // GPU: torch's device guards inside find the ring's device current, so they
+  // switch nothing; the caller's thread is left as it was.
+  std::optional<cuda::DeviceScope> scope;
+  if (ring_device_ >= 0) scope.emplace(ring_device_);
   while (true) {
     if (auto b = rebatcher_.pop()) {
       batches_ += 1;

@@ -15,6 +15,7 @@
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/report.h"
+#include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
 
 namespace batchcast {
@@ -38,6 +39,10 @@ struct ConsumerOptions {
   std::string runtime_dir;  // empty: the per-user default
   Placement placement = Placement::Auto;
   int cuda_device = -1;     // with Placement::Cuda
+  // GPU batches: a slot goes back once the streams that used the batch are
+  // past it (Stream), or once the whole device is (Device: for batches also
+  // used on side streams).
+  MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   Reporter reporter;        // where warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
@@ -53,6 +58,7 @@ struct ConsumerOptions {
     v("runtime_dir", runtime_dir);
     v("placement", placement);
     v("cuda_device", cuda_device);
+    v("release_after", release_after);
   }
 };
 
@@ -141,6 +147,7 @@ class Consumer {
   std::shared_ptr<Channel> channel_;
   Transfer transfer_ = Transfer::SharedMemory;
   c10::Device device_ = c10::kCPU;  // where batches are handed out
+  int ring_device_ = -1;            // the producer's GPU as numbered here; -1: host ring
   int64_t transfers_ = 0;
   int64_t private_copies_ = 0;
   int32_t pin_budget_ = 0;

@@ -29,9 +29,13 @@ class HostMapping final : public MappedRing {
   Released released_;
 };
 
+// Every torch call on the GPU runs inside a cuda::DeviceScope of the ring's
+// device: torch's guards then switch nothing, so they never create a context
+// on another GPU, and the caller's thread is left as it was.
 class CudaMapping final : public MappedRing {
  public:
-  CudaMapping(const protocol::Ring& ring, Released released) : released_(std::move(released)) {
+  CudaMapping(const protocol::Ring& ring, Released released, ReleaseAfter after)
+      : released_(std::move(released)), after_(after) {
     if (!at::hasCUDA()) {
       throw CudaError("the producer serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                       " but the torch in this process has no CUDA support; install a CUDA build "
@@ -57,6 +61,7 @@ class CudaMapping final : public MappedRing {
   int events() const override { return memory_->events(); }
 
   std::optional<c10::Stream> ready(int32_t event) override {
+    cuda::DeviceScope scope(memory_->device());
     c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
     const c10::Stream stream = gpu.getStream(device());
     gpu.block(memory_->event(event), stream);
@@ -70,9 +75,14 @@ class CudaMapping final : public MappedRing {
       released_(seq);
       return;
     }
+    if (after_ == ReleaseAfter::Device) {
+      waiter_->add(seq, nullptr);
+      return;
+    }
     void* event = nullptr;
     c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
     try {
+      cuda::DeviceScope scope(memory_->device());
       event = waiter_->acquire();
       const c10::Stream current = gpu.getStream(stream->device());
       if (current != *stream) {
@@ -89,6 +99,7 @@ class CudaMapping final : public MappedRing {
       // still can, rather than hand back memory the GPU may still read.
       if (event != nullptr) waiter_->discard(event);
       try {
+        cuda::DeviceScope scope(memory_->device(), /*checked=*/false);
         gpu.synchronizeStream(*stream);
       } catch (...) {
       }
@@ -100,6 +111,7 @@ class CudaMapping final : public MappedRing {
 
  private:
   Released released_;
+  ReleaseAfter after_;
   std::unique_ptr<cuda::ImportedRing> memory_;
   std::unique_ptr<cuda::ReleaseWaiter> waiter_;
 };
@@ -107,13 +119,13 @@ class CudaMapping final : public MappedRing {
 }  // namespace
 
 std::unique_ptr<MappedRing> MappedRing::open(const protocol::Ring& ring, int64_t producer_pid,
-                                             Released released) {
+                                             Released released, ReleaseAfter after) {
   if (!ring.on_gpu()) return std::make_unique<HostMapping>(ring, producer_pid, std::move(released));
   if (producer_pid == ::getpid()) {
     throw CudaError("a consumer cannot map a GPU ring of a producer in its own process (CUDA IPC "
                     "handles open only in other processes); run the producer in another process");
   }
-  return std::make_unique<CudaMapping>(ring, std::move(released));
+  return std::make_unique<CudaMapping>(ring, std::move(released), after);
 }
 
 }  // namespace batchcast

@@ -24,10 +24,16 @@ class MappedRing {
   // a waiting thread once the GPU is past it for device memory.
   using Released = std::function<void(uint64_t seq)>;
 
+  // When a GPU slot may go back: once the streams that used it are past it
+  // (the default), or once the whole device is (for batches also used on
+  // streams other than the one current when they were taken or released).
+  enum class ReleaseAfter { Stream, Device };
+
   // Maps `ring` of the producer process `producer_pid`. Throws SystemError,
   // CudaError (GPU not visible here, CUDA IPC failed) or MalformedMessage.
   static std::unique_ptr<MappedRing> open(const protocol::Ring& ring, int64_t producer_pid,
-                                          Released released);
+                                          Released released,
+                                          ReleaseAfter after = ReleaseAfter::Stream);
   virtual ~MappedRing() = default;
 
   const std::byte* base() const { return base_; }

@@ -23,52 +23,62 @@ void check(cudaError_t status, const char* call) {
   }
 }
 
-// Whether `device` already has its primary context. A thread that never chose
-// a device reports device 0; switching back to it would create a context
-// there (hundreds of MB) in a process that never used that GPU.
-bool has_context(int device) {
-  using GetState = int (*)(int, unsigned int*, int*);  // cuDevicePrimaryCtxGetState
-  static GetState get_state = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<GetState>(fn);
+// The driver's current context of the calling thread, saved and restored as
+// it was (including "none"), through entry points the runtime hands out: this
+// file links the runtime only.
+using CUcontext = void*;
+struct ContextCalls {
+  int (*get)(CUcontext*) = nullptr;  // cuCtxGetCurrent
+  int (*set)(CUcontext) = nullptr;   // cuCtxSetCurrent
+};
+
+const ContextCalls& context_calls() {
+  static const ContextCalls calls = [] {
+    ContextCalls c;
+    auto find = [](const char* name) -> void* {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      return fn;
+    };
+    c.get = reinterpret_cast<int (*)(CUcontext*)>(find("cuCtxGetCurrent"));
+    c.set = reinterpret_cast<int (*)(CUcontext)>(find("cuCtxSetCurrent"));
+    return c;
   }();
-  if (get_state == nullptr) return true;  // cannot tell: restore as asked
-  unsigned int flags = 0;
-  int active = 0;
-  if (get_state(device, &flags, &active) != 0) return true;
-  return active != 0;
+  return calls;
 }
 
-// Makes `device` current for a scope. The caller's device is restored only
-// if it has a context already: batchcast never creates one on another GPU.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device, bool checked = true) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      cudaError_t status = cudaSetDevice(device);
-      if (checked) check(status, "cudaSetDevice");
-      changed_ = status == cudaSuccess;
-    }
-  }
-  ~DeviceScope() {
-    if (changed_ && previous_ >= 0 && has_context(previous_)) cudaSetDevice(previous_);
-  }
+}  // namespace
 
- private:
-  int previous_ = -1;
-  bool changed_ = false;
-};
+DeviceScope::DeviceScope(int device, bool checked) {
+  const ContextCalls& calls = context_calls();
+  saved_ = calls.get != nullptr && calls.set != nullptr && calls.get(&previous_) == 0;
+  int current = -1;
+  if (previous_ != nullptr && cudaGetDevice(&current) == cudaSuccess && current == device) {
+    saved_ = false;  // already there: nothing to change or restore
+    return;
+  }
+  cudaGetLastError();
+  cudaError_t status = cudaSetDevice(device);
+  if (status != cudaSuccess) {
+    saved_ = false;
+    if (checked) check(status, "cudaSetDevice");
+    cudaGetLastError();
+  }
+}
+
+// Restores the thread's context exactly, "none" included: a thread that never
+// used a GPU is left without one, instead of being moved to device 0 (whose
+// context would be created) or left on the ring's device.
+DeviceScope::~DeviceScope() {
+  if (saved_) context_calls().set(previous_);
+}
+
+namespace {
 
 cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -298,12 +308,17 @@ struct ReleaseWaiter::State {
       queue.pop_front();
       in_progress += 1;
       lock.unlock();
-      cudaEventSynchronize(event);  // on error (teardown) the slot is released anyway
+      // On error (teardown) the slot is released anyway.
+      if (event != nullptr) {
+        cudaEventSynchronize(event);
+      } else {
+        cudaDeviceSynchronize();  // release_after="device": all of this process's work so far
+      }
       cudaGetLastError();
       done(seq);
       lock.lock();
       in_progress -= 1;
-      pool.push_back(event);
+      if (event != nullptr) pool.push_back(event);
       changed.notify_all();
     }
   }

@@ -36,6 +36,23 @@ std::string uuid_text(const std::string& uuid);
 // Whether `device` can read `peer`'s memory directly (P2P over NVLink/PCIe).
 bool can_access_peer(int device, int peer);
 
+// Makes `device` current for a scope, then puts back the calling thread's
+// CUDA context exactly as it was — none included. So batchcast never creates
+// a context on a GPU the caller did not use (CUDA 12 creates one on
+// cudaSetDevice), nor leaves the caller's thread on the ring's device.
+// Throws CudaError if `device` cannot be made current (unless !checked).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device, bool checked = true);
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  ~DeviceScope();
+
+ private:
+  void* previous_ = nullptr;  // CUcontext
+  bool saved_ = false;
+};
+
 // Producer side: the ring's memory on one device, its slot events, a
 // dedicated copy stream and two pinned staging buffers, so that the
 // host-to-device copy of one batch overlaps with loading the next.
@@ -120,7 +137,8 @@ class ReleaseWaiter {
 
   // An event from the pool (cudaEvent_t) for the caller to record.
   void* acquire();
-  // Hands a recorded event over: `done(seq)` follows its completion.
+  // Hands a recorded event over: `done(seq)` follows its completion. With no
+  // event, `done(seq)` follows a synchronization of the whole device.
   void add(uint64_t seq, void* event);
   // Returns an event that was not recorded after all.
   void discard(void* event);

@@ -21,6 +21,11 @@ int visible_device(const std::string&) { unavailable(); }
 std::string uuid_text(const std::string& uuid) { return "GPU-<" + std::to_string(uuid.size()) + " bytes>"; }
 bool can_access_peer(int, int) { unavailable(); }
 
+DeviceScope::DeviceScope(int, bool checked) {
+  if (checked) unavailable();
+}
+DeviceScope::~DeviceScope() = default;
+
 DeviceRing::DeviceRing(int device, uint64_t bytes, int) : device_(device), bytes_(bytes) { unavailable(); }
 DeviceRing::~DeviceRing() = default;
 void DeviceRing::free_all() {}

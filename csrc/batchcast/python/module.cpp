@@ -209,6 +209,9 @@ PYBIND11_MODULE(_C, m) {
       .value("AUTO", Placement::Auto)
       .value("HOST", Placement::Host)
       .value("CUDA", Placement::Cuda);
+  py::enum_<MappedRing::ReleaseAfter>(m, "ReleaseAfter")
+      .value("STREAM", MappedRing::ReleaseAfter::Stream)
+      .value("DEVICE", MappedRing::ReleaseAfter::Device);
   py::enum_<ListKind>(m, "ListKind").value("TEXT", ListKind::Text).value("JSON", ListKind::Json);
   py::enum_<Report::Level>(m, "ReportLevel")
       .value("DEBUG", Report::Level::Debug)
@@ -277,7 +280,8 @@ PYBIND11_MODULE(_C, m) {
              return b;
            }),
            "Consumer(name=..., batch_size=None, drop_last=False, timeout=30.0, catch_up=False, "
-           "runtime_dir='', placement=Placement.AUTO, cuda_device=-1)")
+           "runtime_dir='', placement=Placement.AUTO, cuda_device=-1, "
+           "release_after=ReleaseAfter.STREAM)")
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {

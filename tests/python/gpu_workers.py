@@ -146,11 +146,22 @@ def consume(args: argparse.Namespace) -> None:
               "outside_ring": None, "rings": [], "allocated_during": [],
               "held_signalled": False, "waited_for": None}
     kept = []
+    everything = []  # --keep-all: every batch of every epoch, checked at the end
+    result["max_wait"] = 0.0
     try:
         for _ in range(args.epochs):
             ids, sizes = [], []
-            for batch in consumer:
+            batches = iter(consumer)
+            while True:
+                asked = time.monotonic()
+                batch = next(batches, None)
+                if ids:  # the wait for each batch after the first of the epoch
+                    result["max_wait"] = max(result["max_wait"], time.monotonic() - asked)
+                if batch is None:
+                    break
                 record(result, batch, consumer.stats())
+                if args.keep_all:
+                    everything.append(batch)
                 if on_gpu:  # while this batch is held
                     result["allocated_during"].append(torch.cuda.memory_allocated(device))
                 batch_ids = check_values(batch) if args.check_values else batch[1].cpu().tolist()
@@ -172,10 +183,14 @@ def consume(args: argparse.Namespace) -> None:
                     check_values(batch)
                 batch = None
             kept.clear()
+        for batch in everything:  # none was overwritten while the producer went on
+            check_values(batch)
+        result["kept_all"] = len(everything)
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
     batch = None
     kept.clear()
+    everything.clear()
     result["stats"] = consumer.stats()
     if on_gpu:
         result["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
@@ -205,6 +220,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--check-values", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep every batch of an epoch")
+    parser.add_argument("--keep-all", action="store_true",
+                        help="keep every batch of every epoch, then check every value")
     parser.add_argument("--held-after", type=int, default=0)
     parser.add_argument("--held", default="", help="with --keep: file to create once --held-after batches are kept")
     parser.add_argument("--wait-for", default="", help="with --keep: file to wait for before checking kept batches")

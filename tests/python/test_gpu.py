@@ -237,6 +237,32 @@ def test_a_consumer_killed_while_holding_gpu_batches_does_not_hold_the_others(gp
     assert_gpu_memory_back_to(before)
 
 
+@pytest.mark.parametrize("keepers", [1, 2])
+def test_consumers_keeping_every_gpu_batch_never_stall_the_others(gpu, name, keepers):
+    """As on the host: trainers that keep every batch of three epochs (120
+    loader batches through a 4-slot GPU ring) keep valid batches, take private
+    GPU copies once they pin their share, warn once, and their neighbour never
+    waits more than a second."""
+    every = list(range(400))
+    gpu.start("produce", name, "--samples", 400, "--loader-batch", 10, "--epochs", 3, "--slots", 4,
+              "--min-consumers", keepers + 1)
+    kept = [gpu.start("consume", name, "--batch-size", 10, "--epochs", 3, "--keep-all",
+                      "--check-values", out=f"k{i}.json") for i in range(keepers)]
+    gpu.start("consume", name, "--batch-size", 16, "--epochs", 3, "--check-values", out="n.json")
+    gpu.wait_all()
+    for i, k in enumerate(kept):
+        r = gpu.result(f"k{i}.json")
+        assert r["error"] is None, r["error"]
+        assert r["epochs"] == [every] * 3 and r["kept_all"] == 120
+        assert r["stats"]["private_copies"] > 100, r["stats"]
+        assert gpu.err(k).count("KeptBatchesWarning") == 1, gpu.err(k)
+    r = gpu.result("n.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [every] * 3
+    assert r["max_wait"] < 1.0, f"the neighbour waited {r['max_wait']:.2f} s for a batch"
+    assert r["stats"]["private_copies"] == 0
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for a consumer on another GPU")
 def test_a_consumer_on_another_gpu_gets_one_copy_per_loader_batch(gpu, name):
     gpu.start("produce", name, "--samples", 300, "--loader-batch", 16)

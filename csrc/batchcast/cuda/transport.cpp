@@ -207,8 +207,10 @@ std::vector<std::string> DeviceRing::event_handles() const {
   return out;
 }
 
-// Per batch, only stream-ordered calls on the ring's own stream and events,
-// which need no current device: the caller's thread keeps its device.
+// Per batch, only stream-ordered calls on the ring's own stream and events.
+// They work whichever device is current, but need a current context: with
+// none the runtime binds one implicitly and leaves it current, so the caller
+// (CudaRing::write) makes them inside a DeviceScope of the ring's device.
 std::byte* DeviceRing::staging(uint64_t bytes) {
   Staging& s = staging_[current_];
   check(cudaEventSynchronize(as_event(s.done)), "cudaEventSynchronize (staging)");

@@ -49,6 +49,12 @@ class CudaRing final : public Ring {
   }
 
   void write(const Batch& batch, const RingSlot& slot) override {
+    // The copies and event records below, and torch's is_pinned(), run with
+    // the ring's device current: in a thread with no current context (a
+    // loader thread that never used the GPU) the runtime would otherwise bind
+    // one implicitly (its current device's, maybe another GPU) and leave it
+    // current. The scope puts the caller's context back as it was.
+    cuda::DeviceScope scope(options_.cuda_device);
     uint64_t to_stage = 0;
     for (const Leaf& leaf : batch.leaves) {
       const auto* t = std::get_if<at::Tensor>(&leaf);
@@ -83,6 +89,7 @@ class CudaRing final : public Ring {
   void drain() noexcept override {
     if (!memory_) return;
     try {
+      cuda::DeviceScope scope(options_.cuda_device, /*checked=*/false);  // as in write()
       memory_->synchronize();
     } catch (const Error&) {
     }

@@ -83,7 +83,8 @@ def wait_for_file(path: str, timeout: float) -> bool:
 
 
 def produce(args: argparse.Namespace) -> None:
-    loader = DataLoader(IdDataset(args.samples), batch_size=args.loader_batch, num_workers=args.workers)
+    loader = DataLoader(IdDataset(args.samples), batch_size=args.loader_batch, num_workers=args.workers,
+                        pin_memory=args.pin_memory)
     batches = MarkingLoader(loader, args.epochs, args.mark_at, args.mark, args.exhausted)
     producer = bc.Producer(batches, args.name, device=args.device, epochs=args.epochs,
                            min_consumers=args.min_consumers, slots=args.slots,
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--loader-batch", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--pin-memory", action="store_true", help="producer: DataLoader(pin_memory=True)")
     parser.add_argument("--min-consumers", type=int, default=1)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--ring-bytes", type=int, default=0)

@@ -163,6 +163,24 @@ def test_three_consumers_get_views_inside_the_imported_ring_exactly_once(gpu, na
     assert set(r["allocated_during"]) == {0} and r["max_memory_allocated"] == 0, r["allocated_during"]
 
 
+def test_pinned_loader_batches_are_copied_straight_into_the_ring_and_stay_intact(gpu, name):
+    # pin_memory=True: the producer copies the loader's pinned tensors straight
+    # into the ring (no staging) and keeps each alive until its copy is done.
+    # The loader recycles freed pinned blocks for later batches, and a 4-slot
+    # ring wraps often, so a source let go too early shows as wrong values.
+    n = 1200
+    gpu.start("produce", name, "--samples", n, "--loader-batch", 16, "--workers", 2, "--pin-memory",
+              "--slots", 4)
+    gpu.start("consume", name, "--batch-size", 16, "--check-values", out="c.json")
+    gpu.wait_all()
+    r = gpu.result("c.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [list(range(n))]
+    s = r["stats"]
+    assert s["transfer"] == "view" and s["private_copies"] == 0, s
+    assert r["tensors"] == r["tensors_in_ring"] == 2 * math.ceil(n / 16), r["outside_ring"]
+
+
 def test_a_cpu_consumer_of_a_gpu_producer_gets_host_tensors(gpu, name, monkeypatch):
     # batchcast allocates its ring itself: torch's allocator settings do not matter.
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

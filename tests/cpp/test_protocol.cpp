@@ -66,7 +66,7 @@ TEST(Protocol, AnnouncementRoundTrip) {
 }
 
 TEST(Protocol, EveryKindRoundTrips) {
-  std::vector<Message> all = {Hello{1234, 0},
+  std::vector<Message> all = {Hello{1234, 0, 96},
                               host_welcome(),
                               Refuse{"no"},
                               sample_announcement(),
@@ -79,7 +79,10 @@ TEST(Protocol, EveryKindRoundTrips) {
                               RingReady{Ring{5, 8192, {}, {}, {}}},
                               RingReady{gpu_ring(18)},
                               protocol::Evicted{"too slow"},
-                              Unmapped{}};
+                              Unmapped{},
+                              StatusRequest{},
+                              protocol::Status{R"({"name":"imagenet","consumers":[]})"}};
+  ASSERT_EQ(all.size(), std::variant_size_v<Message> + 1);  // every kind (RingReady twice)
   for (const auto& m : all) {
     auto bytes = encode(m);
     auto back = decode(bytes.data(), bytes.size());

@@ -20,7 +20,7 @@ host_ring = struct.pack("<iQB", 5, 4096, 0)
 gpu_ring = (struct.pack("<iQB", -1, 4096, 1) + b"\x5a" * 16 + struct.pack("<B", 1) + b"\x01" * 64
             + struct.pack("<I", 2) + b"\x02" * 128)
 seeds = {
-    "hello": head(1) + struct.pack("<qI", 42, 1),
+    "hello": head(1) + struct.pack("<qIq", 42, 1, 64),
     "welcome": head(2) + struct.pack("<q", 42) + host_ring + struct.pack("<Qqqqqi", 1, 0, 100, 13, 8, 2),
     "welcome-gpu": head(2) + struct.pack("<q", 42) + gpu_ring + struct.pack("<Qqqqqi", 1, 0, -1, -1, 8, 0),
     "refuse": head(3, 7) + text(b"no"),
@@ -35,6 +35,8 @@ seeds = {
     "ring": head(11) + gpu_ring,
     "evicted": head(12) + text(b"too slow"),
     "unmapped": head(13),
+    "status-request": head(14),
+    "status": head(15) + text(b'{"name":"x"}'),
 }
 for k, v in seeds.items():
     (d / k).write_bytes(v)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import threading
 import time
 import warnings
@@ -499,3 +500,47 @@ def test_joins_and_leaves_are_logged(runtime_dir, caplog):
     messages = [r.getMessage() for r in caplog.records if r.name == "batchcast"]
     assert any("of producer 'logged' joined (first epoch 0)" in m for m in messages), messages
     assert any("of producer 'logged' left" in m for m in messages), messages
+
+
+def test_status_reports_running_producers_through_the_protocol(runtime_dir):
+    from batchcast.status import list_producers
+
+    with bc.Producer(id_batches(400, 4), "watched", epochs=None, slots=4) as producer:
+        with bc.Consumer("watched", batch_size=6, timeout=10) as a, \
+                bc.Consumer("watched", timeout=10) as b:
+            next(iter(a)), next(iter(b))
+            eventually(lambda: producer.stats()["batches_published"] > 0, "a batch published")
+            (listing,) = list_producers()
+            assert listing["name"] == "watched" and listing["alive"], listing
+            status = listing["status"]
+            assert status["pid"] == os.getpid() and status["ring_device"] == "cpu"
+            assert status["batches_published"] > 0 and status["slots"] == 4
+            assert sorted(c["batch_size"] for c in status["consumers"]) == [0, 6]
+            for c in status["consumers"]:
+                assert c["pid"] == os.getpid() and c["lag"] >= 0 and c["slots_held"] >= 1
+            assert list_producers("elsewhere")[0]["note"] == "no producer named 'elsewhere' is running"
+
+
+def test_status_reports_and_removes_what_a_dead_producer_left(runtime_dir):
+    import subprocess
+    import sys
+
+    from batchcast.status import list_producers
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, torch, batchcast as bc\n"
+        "p = bc.Producer([torch.zeros(2)], 'ghost', epochs=None).start()\n"
+        "print('serving', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "serving"
+    assert [p["alive"] for p in list_producers()] == [True]
+    child.kill()  # no chance to clean up
+    child.wait()
+    assert sorted(f.name for f in runtime_dir.iterdir()) == ["ghost.lock", "ghost.sock"]
+    (listing,) = list_producers()
+    assert not listing["alive"] and listing["status"] is None
+    assert "gone; removed" in listing["note"]
+    assert list(runtime_dir.iterdir()) == []
+    assert list_producers() == []
+    with bc.Producer(id_batches(4, 2), "ghost", epochs=1):  # the name is free again
+        pass

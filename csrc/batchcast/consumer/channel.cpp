@@ -39,7 +39,8 @@ Channel::Channel(ChannelOptions options)
   dealer_.set(zmq::sockopt::rcvhwm, 0);
   dealer_.connect(options_.endpoint);
   socket_fd_ = dealer_.get(zmq::sockopt::fd);
-  send(protocol::Hello{::getpid(), options_.catch_up ? protocol::Hello::kCatchUp : 0u});
+  send(protocol::Hello{::getpid(), options_.catch_up ? protocol::Hello::kCatchUp : 0u,
+                       options_.batch_size});
 }
 
 Channel::~Channel() {
@@ -192,7 +193,11 @@ void Channel::release(uint64_t seq, const std::optional<c10::Stream>& stream) no
   MappedRing* ring = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ring = ring_.get();  // not unmapped while `seq` is referenced
+    ring = ring_.get();  // not unmapped while `seq` is referenced or releasing
+    // A GPU release completes later (once the streams are past the slot), in a
+    // training loop a step or more later. Until then the slot is not kept by
+    // anyone here: counted as kept, it would make every batch a private copy.
+    if (referenced_.erase(seq) > 0) releasing_.insert(seq);
   }
   if (ring != nullptr) {
     ring->release(seq, stream);  // calls released(seq), maybe later
@@ -205,6 +210,7 @@ void Channel::released(uint64_t seq) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     referenced_.erase(seq);
+    releasing_.erase(seq);
   }
   send_releases({seq});
 }
@@ -397,7 +403,7 @@ void Channel::unmap_if_drained() {
   std::unique_ptr<MappedRing> ring;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (phase_ != Phase::Leaving || !referenced_.empty() || taken_ != 0) return;
+    if (phase_ != Phase::Leaving || !referenced_.empty() || !releasing_.empty() || taken_ != 0) return;
     for (const auto& m : inbox_) {
       if (std::holds_alternative<protocol::Announcement>(m)) return;
     }
@@ -426,7 +432,7 @@ ChannelStats Channel::stats() const {
   ChannelStats s;
   s.received = received_;
   s.dropped_messages = dropped_;
-  s.slots_held = static_cast<int64_t>(referenced_.size());
+  s.slots_held = static_cast<int64_t>(referenced_.size() + releasing_.size());
   if (ring_) {
     s.ipc_memory_opens = ring_->ipc_memory_opens();
     s.ipc_event_opens = ring_->ipc_event_opens();

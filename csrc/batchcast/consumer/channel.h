@@ -48,6 +48,7 @@ struct ChannelOptions {
   std::string name;      // the producer's
   std::string endpoint;  // where it listens
   bool catch_up = false;
+  int64_t batch_size = 0;  // told to the producer, for its status (0: the loader's)
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.
   std::function<void()> interrupt;
@@ -97,7 +98,8 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
 
   Phase phase() const;
   ChannelStats stats() const;
-  // Slots referenced by tokens right now.
+  // Slots referenced by tokens right now (not those only waiting for the GPU
+  // to pass them: those are not kept, so they never count against the pin budget).
   std::set<uint64_t> referenced() const;
 
  private:
@@ -135,6 +137,9 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   std::deque<protocol::Message> inbox_;
   std::vector<protocol::Message> outbox_;  // to the producer, sent by whoever holds the socket next
   std::set<uint64_t> referenced_;
+  // Slots whose last token died but whose release waits for the GPU to pass
+  // them: still held from the producer, but no longer kept by anything here.
+  std::set<uint64_t> releasing_;
   int64_t taken_ = 0;  // announcements handed out by take(), not yet held or released
   std::exception_ptr error_;
   bool finished_ = false;  // the producer said Finished

@@ -18,7 +18,8 @@ Consumer::Consumer(ConsumerOptions options)
   if (!(options_.timeout > 0)) throw InvalidArgument("timeout must be positive (seconds)");
   const std::string endpoint = endpoint_for(runtime_dir(options_.runtime_dir), options_.name);
   channel_ = Channel::connect(ChannelOptions{options_.name, endpoint, options_.catch_up,
-                                             options_.release_after, options_.interrupt});
+                                             options_.batch_size.value_or(0), options_.release_after,
+                                             options_.interrupt});
   try {
     protocol::Welcome w = channel_->join(options_.timeout);
     next_epoch_ = w.first_epoch;

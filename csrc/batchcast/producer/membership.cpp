@@ -43,12 +43,20 @@ std::vector<int64_t> Membership::ring_importers() const {
 std::vector<ConsumerInfo> Membership::consumers() const {
   std::vector<ConsumerInfo> out;
   for (const auto& [peer, m] : members_) {
-    ConsumerInfo info{m.id, m.pid, m.first_epoch, 0, 0, m.batches_sent, m.leaving};
+    ConsumerInfo info;
+    info.id = m.id;
+    info.pid = m.pid;
+    info.batch_size = m.batch_size;
+    info.first_epoch = m.first_epoch;
+    info.batches_sent = m.batches_sent;
+    info.stall_seconds = m.stall_seconds;
+    info.leaving = m.leaving;
     for (const auto& [seq, hold] : holds_) {
       if (hold.holders.count(peer) == 0) continue;
       info.slots_held += 1;
       info.slots_pinned += seq < m.released_upto ? 1 : 0;
     }
+    info.lag = info.slots_held - info.slots_pinned;
     out.push_back(info);
   }
   return out;
@@ -89,6 +97,10 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
     return out;
   } catch (const MalformedMessage&) {
     counters_.dropped_messages += 1;
+    return out;
+  }
+  if (std::holds_alternative<protocol::StatusRequest>(msg)) {  // from anyone
+    out.status_requests.push_back(peer);
     return out;
   }
   auto member = members_.find(peer);
@@ -145,6 +157,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   Member m;
   m.id = next_id_++;
   m.pid = hello.pid;
+  m.batch_size = hello.batch_size;
   m.first_epoch = next_joinable_epoch_;
   // Catch-up: the current epoch from its start while all of its batches so
   // far are retained; else the next epoch, as any late joiner.
@@ -321,10 +334,12 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
     if (!alive(m.pid)) dead.push_back(peer);
   }
   for (const auto& peer : dead) remove(peer, Departure::Crashed, out);
-
-  if (options_.straggler_timeout <= 0 || !waiting_for_space) return out;
+  const double since_last = last_sweep_ ? std::chrono::duration<double>(now - *last_sweep_).count() : 0;
+  last_sweep_ = now;
+  if (!waiting_for_space) return out;
   // The member that has left a batch unreleased the longest, among batches it
-  // has not moved past (those it keeps are within its pin budget).
+  // has not moved past (those it keeps are within its pin budget): the one
+  // the producer waits for.
   std::string slowest;
   Clock::time_point oldest = now;
   for (const auto& [seq, hold] : holds_) {
@@ -337,8 +352,10 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
       break;
     }
   }
+  if (slowest.empty()) return out;
+  members_.at(slowest).stall_seconds += since_last;
   const double held = std::chrono::duration<double>(now - oldest).count();
-  if (!slowest.empty() && held >= options_.straggler_timeout) evict(slowest, held, out);
+  if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict(slowest, held, out);
   return out;
 }
 

@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,10 +55,13 @@ struct MembershipOptions {
 struct ConsumerInfo {
   uint64_t id = 0;
   int64_t pid = 0;
+  int64_t batch_size = 0;    // its own (0: the loader's batches as they are)
   int64_t first_epoch = 0;
   int64_t slots_held = 0;    // slots it has not released (announced, queued or referenced)
   int64_t slots_pinned = 0;  // of those, slots it has moved past: batches it keeps
+  int64_t lag = 0;           // of those, batches sent that it has not consumed yet
   int64_t batches_sent = 0;
+  double stall_seconds = 0;  // time the producer waited for ring space because of it
   bool leaving = false;      // said goodbye or was evicted: gets nothing more
 };
 
@@ -79,6 +83,7 @@ struct Actions {
   std::vector<Send> sends;
   std::vector<uint64_t> freed;  // slots nobody holds any more
   std::vector<Report> reports;
+  std::vector<std::string> status_requests;  // peers that asked what the producer is doing
   bool members_changed = false;  // a consumer joined or went: wake whoever waits on that
 };
 
@@ -122,7 +127,9 @@ class Membership {
   struct Member {
     uint64_t id = 0;
     int64_t pid = 0;
+    int64_t batch_size = 0;
     int64_t first_epoch = 0;
+    double stall_seconds = 0;
     int64_t batches_sent = 0;
     uint64_t released_upto = 0;  // highest slot it released: held slots below it are kept
     bool leaving = false;
@@ -157,6 +164,7 @@ class Membership {
   int64_t next_joinable_epoch_ = 0;
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
+  std::optional<Clock::time_point> last_sweep_;
   MembershipCounters counters_;
 };
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "batchcast/common/error.h"
+#include "batchcast/common/json.h"
 #include "batchcast/common/threads.h"
 #include "batchcast/protocol/dtype.h"
 #include "batchcast/transport/socket.h"
@@ -58,6 +59,8 @@ Producer::Producer(ProducerOptions options)
   router_.set(zmq::sockopt::linger, 2000);
   router_.bind(endpoint_);
   stats_.ring_device = ring_->device();
+  stats_.name = options_.name;
+  stats_.pid = ::getpid();
   io_ = start_background_thread([this] { serve(); });
 }
 
@@ -177,6 +180,7 @@ void Producer::begin_epoch(int64_t epoch) {
     epoch_ = epoch;
     epoch_batches_ = 0;
     epoch_samples_ = 0;
+    last_publish_end_ = Clock::now();
   }
   enqueue(EpochBegin{epoch});
 }
@@ -204,6 +208,10 @@ Producer::Layout Producer::validate(const Batch& batch) const {
 RingSlot Producer::reserve(const Layout& layout, double& waited) {
   std::unique_lock<std::mutex> lock(mu_);
   rethrow_io_error();
+  if (last_publish_end_) {  // since the last batch went out: the loader's time
+    stats_.loader_seconds += seconds_since(*last_publish_end_);
+    last_publish_end_.reset();
+  }
   if (stopping_) throw Stopped("producer stopped");
   if (!ring_->allocated()) {
     ring_->allocate(layout.bytes);  // sized from the first batch
@@ -284,8 +292,10 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   a.index = epoch_batches_++;
   epoch_samples_ += batch.samples;
   stats_.batches_published += 1;
+  stats_.samples_published += batch.samples;
   for (uint64_t b : layout.bytes) stats_.bytes_published += static_cast<int64_t>(b);
   stats_.publish_seconds += seconds_since(start) - waited;
+  last_publish_end_ = Clock::now();
   stream_.push_back(std::move(a));
   wakeup_.notify();
 }
@@ -293,6 +303,7 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
 void Producer::end_epoch() {
   std::lock_guard<std::mutex> lock(mu_);
   epochs_done_ += 1;
+  last_publish_end_.reset();
   stream_.push_back(protocol::EpochEnd{epoch_, epoch_samples_, epoch_batches_});
   wakeup_.notify();
 }
@@ -338,6 +349,9 @@ int64_t Producer::consumer_count() const {
 ProducerStats Producer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ProducerStats s = stats_;
+  s.uptime_seconds = seconds_since(started_);
+  s.epoch = epoch_;
+  s.epochs_done = epochs_done_;
   const MembershipCounters& c = membership_.counters();
   s.joins = c.joins;
   s.leaves = c.leaves;
@@ -444,6 +458,36 @@ void Producer::apply(Actions actions) {
   }
   if (actions.members_changed) members_.notify_all();
   for (const Report& r : actions.reports) tell(r);
+  if (!actions.status_requests.empty()) {
+    const std::string status = protocol::encode(protocol::Status{status_json()});
+    for (const auto& peer : actions.status_requests) transport::try_send(router_, {peer, status});
+  }
+}
+
+std::string Producer::status_json() const {
+  const ProducerStats s = stats();
+  JsonWriter w;
+  w.begin_object();
+  w.field("protocol", static_cast<int>(protocol::kVersion));
+  w.field("slots", options_.slots);
+  w.field("samples_per_epoch", options_.samples_per_epoch);
+  w.field("batches_per_epoch", options_.batches_per_epoch);
+  s.visit([&](const char* name, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::vector<ConsumerInfo>>) {
+      w.key(name).begin_array();
+      for (const ConsumerInfo& c : value) {
+        w.begin_object();
+        visit(c, [&](const char* k, const auto& v) { w.field(k, v); });
+        w.end_object();
+      }
+      w.end_array();
+    } else {
+      w.field(name, value);
+    }
+  });
+  w.end_object();
+  return w.str();
 }
 
 }  // namespace batchcast

@@ -68,10 +68,17 @@ struct ProducerOptions {
 };
 
 struct ProducerStats {
+  std::string name;
+  int64_t pid = 0;
+  double uptime_seconds = 0;
+  int64_t epoch = -1;           // in progress (or last begun)
+  int64_t epochs_done = 0;
   int64_t batches_published = 0;
+  int64_t samples_published = 0;
   int64_t bytes_published = 0;
   double publish_seconds = 0;  // copying into the ring and announcing
   double wait_seconds = 0;     // waiting for ring space (the slowest consumer)
+  double loader_seconds = 0;   // between publishes within an epoch: waiting for the loader
   int64_t joins = 0;
   int64_t leaves = 0;
   int64_t crashes = 0;
@@ -86,10 +93,17 @@ struct ProducerStats {
 
   template <typename Visit>
   void visit(Visit&& v) const {
+    v("name", name);
+    v("pid", pid);
+    v("uptime_seconds", uptime_seconds);
+    v("epoch", epoch);
+    v("epochs_done", epochs_done);
     v("batches_published", batches_published);
+    v("samples_published", samples_published);
     v("bytes_published", bytes_published);
     v("publish_seconds", publish_seconds);
     v("wait_seconds", wait_seconds);
+    v("loader_seconds", loader_seconds);
     v("joins", joins);
     v("leaves", leaves);
     v("crashes", crashes);
@@ -108,10 +122,13 @@ template <typename Visit>
 void visit(const ConsumerInfo& c, Visit&& v) {
   v("id", c.id);
   v("pid", c.pid);
+  v("batch_size", c.batch_size);
   v("first_epoch", c.first_epoch);
   v("slots_held", c.slots_held);
   v("slots_pinned", c.slots_pinned);
+  v("lag", c.lag);
   v("batches_sent", c.batches_sent);
+  v("stall_seconds", c.stall_seconds);
   v("leaving", c.leaving);
 }
 
@@ -183,6 +200,7 @@ class Producer {
   Actions deliver(StreamItem& item);  // under mu_
   void apply(Actions actions);        // sends; then, under mu_, frees slots
   void tell(const Report& report) const;
+  std::string status_json() const;  // what a StatusRequest gets
 
   ProducerOptions options_;
   std::string dir_;
@@ -205,6 +223,8 @@ class Producer {
   int64_t epoch_batches_ = 0;
   int64_t epoch_samples_ = 0;
   int64_t epochs_done_ = 0;
+  Clock::time_point started_ = Clock::now();
+  std::optional<Clock::time_point> last_publish_end_;  // within an epoch
   bool stopping_ = false;
   bool finished_ = false;  // Finished was queued
   std::exception_ptr io_error_;

@@ -198,6 +198,7 @@ std::string encode(const Message& message, uint16_t version) {
         if constexpr (std::is_same_v<T, Hello>) {
           w.put<int64_t>(m.pid);
           w.put<uint32_t>(m.flags);
+          w.put<int64_t>(m.batch_size);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           w.put<int64_t>(m.producer_pid);
           encode_ring(w, m.ring);
@@ -230,6 +231,8 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int64_t>(m.epochs);
         } else if constexpr (std::is_same_v<T, Evicted>) {
           w.text(m.reason);
+        } else if constexpr (std::is_same_v<T, Status>) {
+          w.text(m.json);
         } else if constexpr (std::is_same_v<T, RingReady>) {
           encode_ring(w, m.ring);
         } else if constexpr (std::is_same_v<T, Release>) {
@@ -258,6 +261,8 @@ Message decode(const void* data, std::size_t size) {
       Hello m;
       m.pid = r.get<int64_t>();
       m.flags = r.get<uint32_t>();
+      m.batch_size = r.get<int64_t>();
+      if (m.batch_size < 0) throw MalformedMessage("negative batch size");
       out = m;
       break;
     }
@@ -343,6 +348,12 @@ Message decode(const void* data, std::size_t size) {
     case Kind::Unmapped:
       out = Unmapped{};
       break;
+    case Kind::StatusRequest:
+      out = StatusRequest{};
+      break;
+    case Kind::Status:
+      out = Status{r.text(kMaxText)};
+      break;
     default:
       throw MalformedMessage("unknown message kind " + std::to_string(static_cast<int>(kind)));
   }
@@ -354,7 +365,8 @@ const char* kind_name(const Message& message) {
   static constexpr const char* kNames[] = {"Hello",    "Welcome",      "Refuse",
                                            "Announcement", "EpochEnd", "LoaderFailed",
                                            "Finished", "Heartbeat",    "Release", "Bye",
-                                           "RingReady", "Evicted", "Unmapped"};
+                                           "RingReady", "Evicted", "Unmapped", "StatusRequest",
+                                           "Status"};
   return kNames[message.index()];
 }
 

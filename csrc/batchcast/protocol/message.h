@@ -42,6 +42,8 @@ enum class Kind : uint16_t {
   RingReady = 11,
   Evicted = 12,
   Unmapped = 13,
+  StatusRequest = 14,
+  Status = 15,
 };
 
 enum class DType : uint8_t {
@@ -70,6 +72,7 @@ struct Hello {
   static constexpr uint32_t kCatchUp = 1;  // join the current epoch from its start
   int64_t pid = 0;
   uint32_t flags = 0;
+  int64_t batch_size = 0;  // the consumer's own (0: the loader's batches as they are); for status
 };
 
 // Where the ring lives: host shared memory (a memfd) or one allocation on a
@@ -174,8 +177,18 @@ struct Evicted {
   std::string reason;
 };
 
+// Anyone -> producer: what are you doing? Needs no membership.
+struct StatusRequest {};
+
+// Producer -> whoever asked: a JSON object (batchcast/status/status.h says
+// what it holds). Text for people and tools, not for the data path.
+struct Status {
+  std::string json;
+};
+
 using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
-                             Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped>;
+                             Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped,
+                             StatusRequest, Status>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {

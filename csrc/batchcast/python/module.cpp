@@ -20,6 +20,7 @@
 #include "batchcast/cuda/transport.h"
 #include "batchcast/producer/producer.h"
 #include "batchcast/protocol/message.h"
+#include "batchcast/status/status.h"
 
 namespace py = pybind11;
 using namespace batchcast;
@@ -224,6 +225,30 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
       "handler(level: int, kind: str, message: str), called on the caller's thread");
+
+  m.def(
+      "list_producers",
+      [](const std::string& runtime_dir, const std::string& name, double timeout, bool clean) {
+        std::vector<ProducerListing> listings;
+        {
+          py::gil_scoped_release release;
+          listings = list_producers(runtime_dir, name, timeout, clean);
+        }
+        py::list out;
+        for (const auto& p : listings) {
+          py::dict d;
+          d["name"] = p.name;
+          d["endpoint"] = p.endpoint;
+          d["alive"] = p.alive;
+          d["status"] = p.status;
+          d["note"] = p.note;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("runtime_dir") = "", py::arg("name") = "", py::arg("timeout") = 1.0,
+      py::arg("clean") = true,
+      "Producers of this user here, each asked for its status (JSON text); dead ones' files removed");
 
   py::class_<BoundProducer>(m, "Producer")
       .def(py::init([](const py::kwargs& kwargs) {

@@ -281,6 +281,51 @@ def overhead(args) -> list[float]:
                 p.kill()
 
 
+def role_producer_cpu(args) -> None:
+    """Process CPU per batch of publishing into a GPU ring, from unpinned and
+    from pinned loader tensors, beside one plain .to(device, non_blocking=True).
+    No consumer is present, so every slot is free again as soon as it is
+    announced: this is the producer's own cost, nothing waits."""
+    from batchcast import _C
+    from batchcast._structure import flatten
+
+    n, device = 200, torch.device(args.device)
+    out = {}
+    for variant in ("unpinned", "pinned", "plain .to()"):
+        batches = [(torch.rand(BATCH, 3, SIZE, SIZE), torch.arange(BATCH)) for _ in range(n)]
+        if variant != "unpinned":
+            batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
+        if variant == "plain .to()":
+            start = time.process_time()
+            kept = [(x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches]
+            torch.cuda.synchronize(device)
+            out[variant] = (time.process_time() - start) / n * 1e6
+            del kept
+            continue
+        core = _C.Producer(name=f"cpu-{os.getpid()}-{len(out)}", cuda_device=device.index or 0, slots=8)
+        core.begin_epoch(0)
+        flat = [flatten(b) for b in batches]
+        for leaves, layout, samples in flat[:20]:  # the ring is allocated by the first
+            core.publish(leaves, layout, samples)
+        start = time.process_time()
+        for leaves, layout, samples in flat[20:]:
+            core.publish(leaves, layout, samples)
+        core.end_epoch()
+        core.finish()
+        out[variant] = (time.process_time() - start) / (n - 20) * 1e6
+        core.close()
+    print("PRODUCER_CPU " + json.dumps(out), flush=True)
+
+
+def producer_cpu(args) -> dict:
+    cmd = [sys.executable, __file__, "--role", "producer_cpu", "--device", args.device]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith("PRODUCER_CPU "):
+            return json.loads(line.split(" ", 1)[1])
+    raise RuntimeError(f"producer CPU run failed: {done.stderr[-2000:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", default="driver")
@@ -320,7 +365,7 @@ def main() -> None:
         args.trainer_cpus = ",".join(map(str, args.trainer_cpu_list))
     if args.role != "driver":
         {"serve": role_serve, "train": role_train, "overhead": role_overhead,
-         "serve_memory": role_serve_memory}[args.role](args)
+         "serve_memory": role_serve_memory, "producer_cpu": role_producer_cpu}[args.role](args)
         return
 
     if args.device != "cpu" and not torch.cuda.is_available():
@@ -343,9 +388,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save(over=None) -> None:
-        out.write_text(json.dumps({"env": env, "table": table, "overhead_us": over, "errors": errors},
-                                  indent=1))
+    def save(over=None, pcpu=None) -> None:
+        out.write_text(json.dumps({"env": env, "table": table, "overhead_us": over,
+                                   "producer_cpu_us": pcpu, "errors": errors}, indent=1))
 
     for n in args.consumers:
         for mode in args.modes:
@@ -369,6 +414,13 @@ def main() -> None:
         errors.append(f"overhead: {exc}")
         over = []
     save(over)
+    pcpu = None
+    if args.device != "cpu":
+        try:
+            pcpu = producer_cpu(args)
+        except Exception as exc:
+            errors.append(f"producer cpu: {exc}")
+        save(over, pcpu)
 
     mib = 1 << 20
     print(f"\nSamples/s, aggregate over N trainers (median [min, max] of {args.repeats}); "
@@ -389,6 +441,10 @@ def main() -> None:
         q = lambda p: over[min(len(over) - 1, int(p * len(over)))]  # noqa: E731
         print(f"\nConsumer overhead per batch (next() with the batch already announced, "
               f"n={len(over)}): median {statistics.median(over):.1f} us [p10 {q(0.1):.1f}, p90 {q(0.9):.1f}]")
+    if pcpu:
+        print(f"\nProducer CPU per {BATCH}x3x{SIZE}x{SIZE} float32 batch into the GPU ring "
+              "(process CPU, no consumer waiting): "
+              + ", ".join(f"{k} {v:.0f} us" for k, v in pcpu.items()))
     for e in errors:
         print(f"FAILED: {e}")
     print(f"results: {args.out}")

@@ -505,7 +505,9 @@ def test_joins_and_leaves_are_logged(runtime_dir, caplog):
 def test_status_reports_running_producers_through_the_protocol(runtime_dir):
     from batchcast.status import list_producers
 
-    with bc.Producer(id_batches(400, 4), "watched", epochs=None, slots=4) as producer:
+    # Both consumers join before the first batch (min_consumers): both take part in epoch 0.
+    with bc.Producer(id_batches(400, 4), "watched", epochs=None, slots=4,
+                     min_consumers=2) as producer:
         with bc.Consumer("watched", batch_size=6, timeout=10) as a, \
                 bc.Consumer("watched", timeout=10) as b:
             next(iter(a)), next(iter(b))

@@ -169,8 +169,8 @@ def test_pinned_loader_batches_are_copied_straight_into_the_ring_and_stay_intact
     # The loader recycles freed pinned blocks for later batches, and a 4-slot
     # ring wraps often, so a source let go too early shows as wrong values.
     n = 1200
-    gpu.start("produce", name, "--samples", n, "--loader-batch", 16, "--workers", 2, "--pin-memory",
-              "--slots", 4)
+    producer = gpu.start("produce", name, "--samples", n, "--loader-batch", 16, "--workers", 2,
+                         "--pin-memory", "--slots", 4)
     gpu.start("consume", name, "--batch-size", 16, "--check-values", out="c.json")
     gpu.wait_all()
     r = gpu.result("c.json")
@@ -179,6 +179,9 @@ def test_pinned_loader_batches_are_copied_straight_into_the_ring_and_stay_intact
     s = r["stats"]
     assert s["transfer"] == "view" and s["private_copies"] == 0, s
     assert r["tensors"] == r["tensors_in_ring"] == 2 * math.ceil(n / 16), r["outside_ring"]
+    # ...and really without staging: every tensor (images and labels) went straight in.
+    produced = json.loads(gpu.files[producer.pid][0].read_text().strip().splitlines()[-1])
+    assert produced["direct_copies"] == 2 * math.ceil(n / 16), produced
 
 
 def test_a_cpu_consumer_of_a_gpu_producer_gets_host_tensors(gpu, name, monkeypatch):
@@ -240,8 +243,9 @@ def test_a_consumer_killed_while_holding_gpu_batches_does_not_hold_the_others(gp
     producer = gpu.start("produce", name, "--samples", 2000, "--loader-batch", 10, "--min-consumers", 2,
                          "--ring-bytes", 128 * MiB, "--slots", slots)
     held = gpu.path("victim.held")
-    # The victim keeps every batch (one slot each) and says so once it holds
-    # most of the ring; soon the producer, and so the survivor, wait for it.
+    # The victim keeps every batch it takes (the first as views of the ring,
+    # then private copies once it pins its share) and says so once it holds
+    # six; then it is killed, mid-epoch, still referencing ring slots.
     victim = gpu.start("consume", name, "--batch-size", 10, "--keep", "--held-after", slots - 2,
                        "--held", held, out="victim.json")
     survivor = gpu.start("consume", name, "--batch-size", 30, "--check-values", out="survivor.json")

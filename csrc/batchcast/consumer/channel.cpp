@@ -326,6 +326,8 @@ void Channel::accept(protocol::Message m) {
 void Channel::open_ring(const protocol::Ring& ring) {
   ring_ = MappedRing::open(
       ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
+  memory_opens_ += ring_->ipc_memory_opens();  // kept after the mapping is closed
+  event_opens_ += ring_->ipc_event_opens();
 }
 
 // Under mu_.
@@ -433,9 +435,9 @@ ChannelStats Channel::stats() const {
   s.received = received_;
   s.dropped_messages = dropped_;
   s.slots_held = static_cast<int64_t>(referenced_.size() + releasing_.size());
+  s.ipc_memory_opens = memory_opens_;
+  s.ipc_event_opens = event_opens_;
   if (ring_) {
-    s.ipc_memory_opens = ring_->ipc_memory_opens();
-    s.ipc_event_opens = ring_->ipc_event_opens();
     s.ring_address = reinterpret_cast<uint64_t>(ring_->base());
     s.ring_bytes = ring_->size();
   }

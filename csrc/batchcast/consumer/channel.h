@@ -58,9 +58,9 @@ struct ChannelStats {
   int64_t received = 0;         // announcements received
   int64_t dropped_messages = 0;
   int64_t slots_held = 0;       // slots referenced by this process
-  int64_t ipc_memory_opens = 0;
+  int64_t ipc_memory_opens = 0;  // over the channel's life
   int64_t ipc_event_opens = 0;
-  uint64_t ring_address = 0;    // where the ring is mapped here (0: not mapped)
+  uint64_t ring_address = 0;    // where the ring is mapped here (0: not, or no longer, mapped)
   uint64_t ring_bytes = 0;
 };
 
@@ -146,6 +146,8 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   bool quit_ = false;
   int64_t received_ = 0;
   int64_t dropped_ = 0;
+  int64_t memory_opens_ = 0;  // CUDA IPC handles opened, over the channel's life
+  int64_t event_opens_ = 0;
   std::optional<std::chrono::steady_clock::time_point> producer_gone_since_;
 
   std::atomic<bool> trainer_inside_{false};  // a trainer is in take() or join()

@@ -9,6 +9,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "batchcast/common/threads.h"
 
@@ -28,8 +29,11 @@ void check(cudaError_t status, const char* call) {
 // file links the runtime only.
 using CUcontext = void*;
 struct ContextCalls {
-  int (*get)(CUcontext*) = nullptr;  // cuCtxGetCurrent
-  int (*set)(CUcontext) = nullptr;   // cuCtxSetCurrent
+  int (*get)(CUcontext*) = nullptr;                 // cuCtxGetCurrent
+  int (*set)(CUcontext) = nullptr;                  // cuCtxSetCurrent
+  int (*device)(int*, int) = nullptr;               // cuDeviceGet
+  int (*retain_primary)(CUcontext*, int) = nullptr;  // cuDevicePrimaryCtxRetain
+  bool usable() const { return get && set && device && retain_primary; }
 };
 
 const ContextCalls& context_calls() {
@@ -47,15 +51,54 @@ const ContextCalls& context_calls() {
     };
     c.get = reinterpret_cast<int (*)(CUcontext*)>(find("cuCtxGetCurrent"));
     c.set = reinterpret_cast<int (*)(CUcontext)>(find("cuCtxSetCurrent"));
+    c.device = reinterpret_cast<int (*)(int*, int)>(find("cuDeviceGet"));
+    c.retain_primary = reinterpret_cast<int (*)(CUcontext*, int)>(find("cuDevicePrimaryCtxRetain"));
     return c;
   }();
   return calls;
 }
 
+// The primary context of `device` (the one the runtime and torch use),
+// retained once for the life of the process; nullptr if the driver refuses.
+CUcontext primary_context(int device) {
+  static std::mutex mu;
+  static std::vector<CUcontext> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) return nullptr;
+  if (static_cast<std::size_t>(device) >= contexts.size()) contexts.resize(device + 1, nullptr);
+  if (contexts[device] == nullptr) {
+    const ContextCalls& calls = context_calls();
+    int handle = 0;
+    CUcontext ctx = nullptr;
+    if (calls.device(&handle, device) == 0 && calls.retain_primary(&ctx, handle) == 0) {
+      contexts[device] = ctx;
+    }
+  }
+  return contexts[device];
+}
+
 }  // namespace
 
+// Switches by making the device's primary context current, never with
+// cudaSetDevice: that would also change the runtime's remembered device for
+// the thread (torch.cuda.current_device()), which a thread without a current
+// context keeps. Without the driver entry points it falls back to
+// cudaSetDevice and restores only the context.
 DeviceScope::DeviceScope(int device, bool checked) {
   const ContextCalls& calls = context_calls();
+  if (calls.usable() && calls.get(&previous_) == 0) {
+    CUcontext target = primary_context(device);
+    if (target != nullptr) {
+      if (target != previous_) {
+        if (calls.set(target) == 0) {
+          saved_ = true;
+        } else if (checked) {
+          throw CudaError("batchcast: cannot make cuda:" + std::to_string(device) + "'s context current");
+        }
+      }
+      return;
+    }
+  }
   saved_ = calls.get != nullptr && calls.set != nullptr && calls.get(&previous_) == 0;
   int current = -1;
   if (previous_ != nullptr && cudaGetDevice(&current) == cudaSuccess && current == device) {

@@ -359,7 +359,10 @@ ProducerStats Producer::stats() const {
   s.evictions = c.evictions;
   s.refused = c.refused;
   s.dropped_messages = c.dropped_messages;
-  if (ring_) s.slots_in_use = ring_->slots_in_use();
+  if (ring_) {
+    s.slots_in_use = ring_->slots_in_use();
+    s.direct_copies = ring_->direct_copies();
+  }
   s.pin_budget = membership_.pin_budget();
   s.consumers = membership_.consumers();
   return s;

@@ -87,6 +87,7 @@ struct ProducerStats {
   int64_t dropped_messages = 0;
   uint64_t ring_bytes = 0;
   std::string ring_device;  // "cpu" or "cuda:N"
+  int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
   int64_t slots_in_use = 0;
   int32_t pin_budget = 0;   // slots each consumer may pin with batches it keeps
   std::vector<ConsumerInfo> consumers;
@@ -112,6 +113,7 @@ struct ProducerStats {
     v("dropped_messages", dropped_messages);
     v("ring_bytes", ring_bytes);
     v("ring_device", ring_device);
+    v("direct_copies", direct_copies);
     v("slots_in_use", slots_in_use);
     v("pin_budget", pin_budget);
     v("consumers", consumers);

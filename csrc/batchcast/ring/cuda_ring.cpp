@@ -4,6 +4,7 @@
 // (pin_memory=True), else through pinned staging.
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,7 @@ class CudaRing final : public Ring {
 
   std::string device() const override { return "cuda:" + std::to_string(options_.cuda_device); }
   bool unmap_before_free() const override { return true; }
+  int64_t direct_copies() const override { return direct_copies_; }
 
   void check(const Batch& batch) const override {
     for (const Leaf& leaf : batch.leaves) {
@@ -76,6 +78,7 @@ class CudaRing final : public Ring {
       if (direct(*t)) {
         memory_->copy_in(static_cast<const std::byte*>(t->data_ptr()), offset, n);
         sources_[buffer].push_back(*t);  // alive until the copy is done
+        direct_copies_ += 1;
       } else {
         at::from_blob(staged + staged_at, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
             .copy_(*t);
@@ -111,7 +114,8 @@ class CudaRing final : public Ring {
 
  private:
   std::unique_ptr<cuda::DeviceRing> memory_;
-  std::vector<at::Tensor> sources_[2];  // pinned loader tensors being copied, per staging buffer
+  std::vector<at::Tensor> sources_[2];
+  std::atomic<int64_t> direct_copies_{0};  // written by the publisher, read by stats()  // pinned loader tensors being copied, per staging buffer
 };
 
 }  // namespace

@@ -71,6 +71,10 @@ class Ring {
   // simply lives on while mapped).
   virtual bool unmap_before_free() const { return false; }
 
+  // Tensors copied into the ring straight from the loader's memory (pinned
+  // host tensors into a GPU ring) rather than through staging.
+  virtual int64_t direct_copies() const { return 0; }
+
   uint64_t bytes() const { return lanes_ ? lanes_->total_bytes() : 0; }
   int64_t slots_in_use() const { return lanes_ ? static_cast<int64_t>(lanes_->in_flight()) : 0; }
 

@@ -1,0 +1,762 @@
+"""The ``batchcast`` command (also ``python -m batchcast``).
+
+    batchcast serve loaders.py:imagenet --epochs 10 -- /data/imagenet 64
+    batchcast status [NAME] [--json]
+    batchcast demo [--samples 3072] [--epochs 2]
+
+Errors are one line on stderr (``batchcast: error: ...``) and a non-zero exit
+status: 2 for bad arguments (a missing file or function included), 1 when
+something fails while running (the function or the loader raised, the name is
+taken, a demo check failed), 130 when interrupted before serving began.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+import click
+
+_SHOW_TRACEBACK = False
+
+
+class CliError(click.ClickException):
+    """A failure reported as one line: ``batchcast: error: <message>``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _error_line(message: str) -> None:
+    message = " ".join(str(message).split()) or "unknown error"
+    click.echo(f"batchcast: error: {message}", err=True)
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from . import __version__
+
+    click.echo(f"batchcast {__version__}")
+    ctx.exit()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_show_version, help="Print batchcast's version and exit.")
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="On an error, also print the Python traceback.")
+def cli(show_traceback: bool) -> None:
+    """Share one PyTorch data-loading pipeline between many training processes.
+
+    Serve a loader with `batchcast serve`, see what running producers and
+    their consumers are doing with `batchcast status`, try it with
+    `batchcast demo`.
+    """
+    global _SHOW_TRACEBACK
+    _SHOW_TRACEBACK = show_traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    try:
+        result = cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        return exc.exit_code
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _error_line(exc.format_message() + hint)
+        return exc.exit_code
+    except click.ClickException as exc:
+        if _SHOW_TRACEBACK and exc.__cause__ is not None:
+            traceback.print_exception(type(exc.__cause__), exc.__cause__,
+                                      exc.__cause__.__traceback__)
+        _error_line(exc.format_message())
+        return exc.exit_code
+    except click.Abort:  # Ctrl-C before serving began
+        click.echo("batchcast: interrupted", err=True)
+        return 130
+    except BrokenPipeError:  # `batchcast status | head`
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (no message at exit)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+# ---- serve ----------------------------------------------------------------------------
+
+
+def _load_function(spec: str) -> tuple[Callable[..., Any], str]:
+    """'path/to/file.py:function' -> (the function, its name)."""
+    path_text, sep, function = spec.rpartition(":")
+    if not sep or not path_text or not function:
+        raise CliError(f"'{spec}' is not PATH.py:FUNCTION (a Python file, a colon, the name of "
+                       "a function in it that returns the loader)", 2)
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise CliError(f"no such file: {path_text}", 2)
+    path = path.resolve()
+    module_name = path.stem
+    if not module_name.isidentifier() or module_name in sys.modules:  # never shadow a module
+        module_name = "_batchcast_serve_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CliError(f"cannot import {path_text}: not a Python source file", 2)
+    module = importlib.util.module_from_spec(module_spec)
+    # As `python PATH.py` would: the file's folder first on sys.path (its
+    # neighbours import), and the module registered under its own name, so
+    # that DataLoader workers started with spawn can unpickle what it defines.
+    sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise CliError(f"importing {path_text} called sys.exit({exc.code!r})") from exc
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise CliError(f"importing {path_text} raised {_describe(exc)}") from exc
+    target = getattr(module, function, None)
+    if target is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if callable(v) and not n.startswith("_")
+                         and getattr(v, "__module__", None) == module_name)
+        listing = f" (it defines: {', '.join(defined)})" if defined else ""
+        raise CliError(f"{path_text} has no function '{function}'{listing}", 2)
+    if not callable(target):
+        raise CliError(f"'{function}' in {path_text} is {_a(target)}, not a function", 2)
+    return target, function
+
+
+def _a(value: Any) -> str:
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+
+
+def _make_loader(function: Callable[..., Any], label: str, args: tuple[str, ...],
+                 epochs: int | None) -> Any:
+    try:
+        loader = function(*args)
+    except SystemExit as exc:
+        raise CliError(f"{label}({', '.join(map(repr, args))}) called sys.exit({exc.code!r})") \
+            from exc
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise CliError(f"{label}({', '.join(map(repr, args))}) raised {_describe(exc)}") from exc
+    if loader is None:
+        raise CliError(f"{label} returned None (a missing return?); it must return a DataLoader "
+                       "or another iterable of batches")
+    if not hasattr(loader, "__iter__"):
+        raise CliError(f"{label} returned {_a(loader)}, which is not iterable; it "
+                       "must return a DataLoader or another iterable of batches")
+    if isinstance(loader, collections.abc.Iterator) and epochs != 1:
+        raise CliError(f"{label} returned {_a(loader)}, an iterator that can be "
+                       "iterated only once; return a DataLoader, a list or another re-iterable "
+                       "object, or serve a single epoch (--epochs 1)")
+    return loader
+
+
+class _Counted:
+    """The loader as the producer iterates it (one ``iter()`` per epoch,
+    nothing else), counting batches for the progress bar."""
+
+    def __init__(self, loader: Any, stopping: threading.Event, stopped: type) -> None:
+        self.loader = loader
+        self.stopping, self.stopped = stopping, stopped
+        self.epoch = -1          # index of the epoch being (or last) loaded
+        self.batches = 0         # batches loaded in it so far
+        self.total = 0           # batches loaded in all
+        self.loading = False     # inside an epoch
+        self.epoch_length: int | None = None
+        try:
+            self.epoch_length = int(len(loader))
+        except (TypeError, NotImplementedError):
+            pass
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> "_CountingIterator":
+        iterator = iter(self.loader)
+        self.epoch += 1
+        self.batches = 0
+        self.loading = True
+        return _CountingIterator(self, iterator)
+
+
+class _CountingIterator:
+    # Holds the loader's iterator (never the _Counted), so the producer's
+    # `del iterator` at the end of an epoch shuts DataLoader workers down.
+    def __init__(self, counted: _Counted, iterator: Any) -> None:
+        self._counted, self._iterator = counted, iterator
+
+    def __iter__(self) -> "_CountingIterator":
+        return self
+
+    def __next__(self) -> Any:
+        counted = self._counted
+        if counted.stopping.is_set():
+            raise counted.stopped("producer stopped")
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            counted.loading = False
+            counted.epoch_length = counted.batches
+            raise
+        except Exception:
+            # A stop makes what the loader raises meanwhile (DataLoader workers
+            # that a terminal's Ctrl-C reached, say) part of stopping: consumers
+            # get ProducerLost, not LoaderError.
+            if counted.stopping.is_set():
+                raise counted.stopped("producer stopped") from None
+            raise
+        counted.batches += 1
+        counted.total += 1
+        return batch
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, s = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{s:02d}s"
+    hours, m = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{m:02d}m"
+    days, h = divmod(hours, 24)
+    return f"{days}d{h:02d}h"
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _share(part: float, whole: float) -> str:
+    # Waits are counted when they end, so one interval may hold more than itself.
+    return f"{100 * min(max(part / whole, 0.0), 1.0):.0f}%" if whole > 0 else "-"
+
+
+class _Live:
+    """What the live status says: rates and time shares over the last
+    interval, from two successive ``producer.stats()``."""
+
+    def __init__(self, min_consumers: int) -> None:
+        self.min_consumers = min_consumers
+        self.previous: tuple[float, dict] | None = None
+        self.last_progress: float | None = None
+
+    def line(self, stats: dict, now: float, counted: _Counted) -> str:
+        previous, self.previous = self.previous, (now, stats)
+        published = stats.get("batches_published", 0)
+        if self.last_progress is None or previous is None or \
+                published != previous[1].get("batches_published", 0):
+            self.last_progress = now
+        consumers = [c for c in stats.get("consumers", []) if not c.get("leaving")]
+        parts, shares = [], ""
+        if previous is not None and now > previous[0]:
+            dt = now - previous[0]
+            old = previous[1]
+
+            def delta(key: str) -> float:
+                return float(stats.get(key, 0)) - float(old.get(key, 0))
+
+            if consumers or delta("batches_published"):
+                parts.append(f"{_rate(delta('batches_published') / dt)} batches/s, "
+                             f"{_rate(delta('samples_published') / dt)} samples/s")
+            if consumers and counted.loading and not delta("batches_published"):
+                # The counters move when a wait ends; say what it is now.
+                waiting = "the consumers (ring full)" if counted.total > published else \
+                    "the loader"
+                idle = _duration(now - self.last_progress)
+                shares = f"no batch for {idle}: waiting for {waiting}"
+            elif consumers or published:
+                shares = (f"waiting for loader {_share(delta('loader_seconds'), dt)}, "
+                          f"for consumers {_share(delta('wait_seconds'), dt)}, "
+                          f"copying {_share(delta('publish_seconds'), dt)}")
+        if not consumers:
+            want = max(self.min_consumers, 1) if published == 0 else 1
+            parts.append(f"waiting for {want} consumer{'s' if want > 1 else ''} to join")
+        else:
+            n = len(consumers)
+            text = f"{n} consumer{'s' if n > 1 else ''}"
+            if n < self.min_consumers and published == 0:
+                text += f" (waiting for {self.min_consumers})"
+            slowest = max(consumers, key=lambda c: (c.get("lag", 0), c.get("stall_seconds", 0)))
+            text += f", slowest lag {slowest.get('lag', 0)} (pid {slowest.get('pid')})"
+            parts.append(text)
+        if shares:
+            parts.append(shares)
+        return " | ".join(parts)
+
+
+def _bar_text(counted: _Counted, epochs: int | None, width: int) -> str:
+    """The epoch progress bar without tqdm: 'epoch 2/10 [#####-----] 45/100 batches'."""
+    if counted.epoch < 0:
+        return "epoch -: nothing loaded yet"
+    label = f"epoch {counted.epoch + 1}" + (f"/{epochs}" if epochs is not None else "")
+    total = counted.epoch_length
+    if not total:
+        return f"{label}: {counted.batches} batches"
+    done = min(counted.batches, total)
+    counts = f"{done}/{total} batches"
+    room = width - len(label) - len(counts) - 5
+    if room < 10:
+        return f"{label} {counts}"
+    filled = room * done // total
+    return f"{label} [{'#' * filled}{'-' * (room - filled)}] {counts}"
+
+
+class _Screen:
+    """The status on stderr: on a terminal, a progress bar and a status line
+    redrawn in place (with tqdm when it is installed); otherwise one plain
+    line per refresh. Log records and warnings are written above it. A
+    stderr that fails (a closed terminal) silences it; serving goes on."""
+
+    def __init__(self, stream: TextIO, tty: bool, epochs: int | None) -> None:
+        self.stream, self.tty, self.epochs = stream, tty, epochs
+        self.drawn = 0
+        self.broken = False
+        self._last: tuple[_Counted, str] | None = None
+        self._lock = threading.Lock()
+        self._tqdm = None
+        if tty:
+            try:
+                from tqdm import tqdm  # optional: a plain-text bar otherwise
+            except ImportError:
+                tqdm = None
+            try:  # tqdm draws nothing on a terminal without a size
+                sized = os.get_terminal_size(stream.fileno()).columns > 0
+            except (AttributeError, ValueError, OSError):
+                sized = False
+            if tqdm is not None and sized:
+                self._bar = tqdm(total=None, file=stream, unit="batch", position=0, leave=False,
+                                 dynamic_ncols=True, desc="epoch -")
+                self._line = tqdm(total=None, file=stream, position=1, leave=False,
+                                  dynamic_ncols=True, bar_format="{desc}", desc="")
+                self._bar_epoch = -1
+                self._tqdm = tqdm
+
+    def _guarded(self, draw: Callable[[], None]) -> None:
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                draw()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def message(self, text: str) -> None:
+        def draw() -> None:
+            if self._tqdm is not None:
+                self._tqdm.write(text, file=self.stream)
+                return
+            self._clear()
+            self.stream.write(text + "\n")
+            if self._last is not None:
+                self._draw(*self._last)
+            self.stream.flush()
+
+        self._guarded(draw)
+
+    def update(self, counted: _Counted, status: str) -> None:
+        def draw() -> None:
+            if not self.tty:
+                stamp = time.strftime("%H:%M:%S")
+                self.stream.write(f"{stamp} {_bar_text(counted, self.epochs, 0)} | {status}\n")
+                self.stream.flush()
+            elif self._tqdm is not None:
+                bar = self._bar
+                if counted.epoch != self._bar_epoch:
+                    self._bar_epoch = counted.epoch
+                    bar.reset(total=counted.epoch_length)
+                    bar.set_description(f"epoch {counted.epoch + 1}"
+                                        + (f"/{self.epochs}" if self.epochs else ""),
+                                        refresh=False)
+                if bar.total != counted.epoch_length:
+                    bar.total = counted.epoch_length
+                if counted.batches > bar.n:
+                    bar.update(counted.batches - bar.n)
+                bar.refresh()
+                self._line.set_description_str(status, refresh=True)
+            else:
+                self._last = (counted, status)
+                self._draw(counted, status)
+                self.stream.flush()
+
+        self._guarded(draw)
+
+    def close(self) -> None:
+        def draw() -> None:
+            if self._tqdm is not None:
+                self._tqdm = None
+                self._line.close()
+                self._bar.close()
+            elif self.tty:
+                self._last = None
+                self._clear()
+                self.stream.flush()
+
+        self._guarded(draw)
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self.stream.write("\r" + "\x1b[1A" * (self.drawn - 1) + "\x1b[J")
+            self.drawn = 0
+
+    def _draw(self, counted: _Counted, status: str) -> None:
+        width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
+        self._clear()
+        self.stream.write(_bar_text(counted, self.epochs, width)[:width] + "\n" + status[:width])
+        self.drawn = 2
+
+
+class _ScreenLog(logging.Handler):
+    def __init__(self, screen: _Screen) -> None:
+        super().__init__(logging.INFO)
+        self.screen = screen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.screen.message(f"{time.strftime('%H:%M:%S')} {self.format(record)}")
+        except Exception:
+            self.handleError(record)
+
+
+@cli.command(short_help="Serve a loader to every trainer that asks for it by name.")
+@click.argument("spec", metavar="PATH.py:FUNCTION")
+@click.argument("args", nargs=-1, metavar="[-- ARGS...]")
+@click.option("--name", "-n", default=None,
+              help="Name consumers connect to: bc.Consumer(NAME, ...). Default: FUNCTION.")
+@click.option("--device", "-d", default="cpu", show_default=True,
+              help="Where batches are put once: 'cpu' (host shared memory) or 'cuda:N'.")
+@click.option("--epochs", "-e", type=click.IntRange(min=1), default=None,
+              help="Epochs to serve, then exit. Default: until stopped (Ctrl-C, SIGTERM).")
+@click.option("--slots", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Loader batches the ring holds in flight.")
+@click.option("--min-consumers", "-m", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Consumers to wait for before loading anything (a whole sweep).")
+@click.option("--straggler-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS",
+              help="Evict a consumer that holds the producer up longer than this. "
+                   "Default: wait for the slowest.")
+@click.option("--refresh", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Status refresh interval; 0: no live status. "
+                   "Default: 1 on a terminal, 5 otherwise.")
+def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epochs: int | None,
+          slots: int, min_consumers: int, straggler_timeout: float | None,
+          refresh: float | None) -> int:
+    """Serve the loader that FUNCTION in PATH.py returns to every trainer that
+    asks for it by name.
+
+    FUNCTION is called once, as FUNCTION(*ARGS) with the strings after `--`,
+    and returns a DataLoader (or any other re-iterable of batches); it is
+    iterated once per epoch, exactly as a training loop would. Trainers use
+    `batchcast.Consumer(NAME, batch_size=...)` in place of their DataLoader.
+
+    \b
+    Example:
+      batchcast serve loaders.py:imagenet --epochs 10 -- /data/imagenet 64
+
+    A live status goes to stderr (batches/s, samples/s, consumers, the
+    slowest consumer's lag, the share of time waiting for the loader and for
+    the consumers) with an epoch progress bar. Ctrl-C or SIGTERM stops
+    cleanly: consumers in mid-epoch get batchcast.ProducerLost, the name is
+    free again, and the exit status is 0 (a second Ctrl-C exits at once).
+    A loader that raises gives consumers batchcast.LoaderError and exits 1.
+    """
+    from . import Producer, _C
+    from ._device import parse_device
+
+    try:
+        parse_device(device, "--device")
+    except (TypeError, ValueError) as exc:
+        message = str(exc) if "batchcast serves" in str(exc) else \
+            f"--device {device!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'"
+        raise CliError(message, 2) from exc
+    function, function_name = _load_function(spec)
+    name = name or function_name
+    label = f"{spec.rpartition(':')[0]}:{function_name}"
+    loader = _make_loader(function, label, args, epochs)
+    from .producer import _samples_per_epoch
+
+    # Signals: handled on this (the main) thread, which only watches and
+    # draws; the producer serves from its own thread (Producer.start()).
+    requested: list[int] = []
+    stop_requested = threading.Event()
+    counted = _Counted(loader, stop_requested, _C.Stopped)
+    serving_pid = os.getpid()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if os.getpid() != serving_pid:  # a forked DataLoader worker: its parent stops it
+            return
+        if requested:  # a second signal while stopping: leave at once
+            os.write(2, b"\nbatchcast: stopping at once; the name's files are left for "
+                        b"`batchcast status` to remove\n")
+            os._exit(128 + signum)
+        requested.append(signum)
+        stop_requested.set()
+
+    handled = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # not under nohup
+        handled.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    try:
+        try:
+            producer = Producer(counted, name, device=device, epochs=epochs,
+                                min_consumers=min_consumers, slots=slots,
+                                straggler_timeout=straggler_timeout,
+                                samples_per_epoch=_samples_per_epoch(loader))
+        except _C.NameInUse as exc:
+            raise CliError(f"{exc} (stop that producer, or pass --name)") from exc
+        except (ValueError, TypeError) as exc:  # an invalid name, say
+            raise CliError(str(exc), 2) from exc
+        except _C.Error as exc:  # CudaError, say
+            raise CliError(_describe(exc)) from exc
+        return _serve(producer, counted, name, epochs, min_consumers, slots, label, refresh,
+                      stop_requested, requested)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _serve(producer: Any, counted: _Counted, name: str, epochs: int | None,
+           min_consumers: int, slots: int, label: str, refresh: float | None,
+           stop_requested: threading.Event, requested: list[int]) -> int:
+    stream = sys.stderr
+    tty = stream.isatty()
+    if refresh is None:
+        refresh = 1.0 if tty else 5.0
+    screen = _Screen(stream, tty and refresh > 0, epochs)
+    logger = logging.getLogger("batchcast")
+    log_handler = _ScreenLog(screen)
+    saved_logging = (logger.level, logger.propagate)
+    logger.addHandler(log_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    saved_showwarning = warnings.showwarning
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        screen.message(f"{time.strftime('%H:%M:%S')} warning: {category.__name__}: {message}")
+
+    warnings.showwarning = show_warning
+    length = f"{counted.epoch_length} batches per epoch" if counted.epoch_length else \
+        "epoch length unknown"
+    screen.message(
+        f"batchcast: serving '{name}' from {label} on {producer.device} ({length}, {slots} slots, "
+        f"{f'{epochs} epochs' if epochs else 'until stopped'}; pid {os.getpid()})")
+    screen.message(f"batchcast: trainers: batchcast.Consumer({name!r}, batch_size=...); "
+                   "Ctrl-C stops")
+    started = time.monotonic()
+    live = _Live(min_consumers)
+    error: BaseException | None = None
+    finished = False
+    try:
+        producer.start()
+        thread = producer._thread
+        live.line(producer.stats(), time.monotonic(), counted)
+        next_refresh = time.monotonic() + (refresh or 0)
+        while thread is not None and thread.is_alive() and not stop_requested.is_set():
+            stop_requested.wait(0.1 if not refresh else min(0.1, refresh))
+            now = time.monotonic()
+            if refresh and now >= next_refresh and not stop_requested.is_set():
+                next_refresh = now + refresh
+                screen.update(counted, live.line(producer.stats(), now, counted))
+        finished = not stop_requested.is_set()
+        if stop_requested.is_set():
+            signame = signal.Signals(requested[0]).name if requested else "a signal"
+            screen.message(f"batchcast: {signame}: stopping (consumers in mid-epoch get "
+                           "ProducerLost)")
+        try:
+            producer.stop(timeout=30.0)
+        except BaseException as exc:  # what the loader raised, re-raised by stop()
+            error = exc
+        if thread is not None and thread.is_alive():
+            screen.message("batchcast: the loader did not return within 30 s of the stop; "
+                           "leaving anyway")
+    finally:
+        screen.close()
+        warnings.showwarning = saved_showwarning
+        logger.removeHandler(log_handler)
+        logger.setLevel(saved_logging[0])
+        logger.propagate = saved_logging[1]
+        producer.close()
+    stats = producer.stats()
+    summary = (f"{producer.epochs_served} epoch{'s' if producer.epochs_served != 1 else ''}, "
+               f"{stats.get('batches_published', 0)} batches, "
+               f"{stats.get('samples_published', 0)} samples in "
+               f"{_duration(time.monotonic() - started)}")
+    if error is not None and not stop_requested.is_set():
+        if _SHOW_TRACEBACK:
+            traceback.print_exception(type(error), error, error.__traceback__)
+        raise CliError(f"the loader raised {_describe(error)} after {summary} (consumers got "
+                       "batchcast.LoaderError)")
+    how = "served" if finished else "stopped after"
+    try:
+        click.echo(f"batchcast: {how} {summary}; '{name}' is free", err=True)
+        if error is not None:
+            click.echo(f"batchcast: while stopping, the loader raised {_describe(error)}",
+                       err=True)
+    except OSError:  # stderr is gone (a closed terminal): the stop was still clean
+        pass
+    return 0
+
+
+# ---- status -----------------------------------------------------------------------------
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _status_block(listing: dict) -> list[str]:
+    name = listing["name"]
+    status = listing.get("status")
+    if status is None:
+        if listing.get("alive"):
+            return [f"{name}: running, but did not answer: {listing.get('note') or 'no reply'}"]
+        return [f"{name}: {listing.get('note') or 'not running'}"]
+    uptime = float(status.get("uptime_seconds", 0))
+    epoch, done = status.get("epoch", -1), status.get("epochs_done", 0)
+    if epoch < 0:
+        epoch_text = "no epoch begun yet"
+    elif done > epoch:
+        epoch_text = f"between epochs ({done} done)"
+    else:
+        epoch_text = f"epoch {epoch} ({done} done)"
+    lines = [
+        f"{name}: pid {status.get('pid')}, {status.get('ring_device', '?')}, "
+        f"up {_duration(uptime)}, {epoch_text}, ring {_bytes(status.get('ring_bytes', 0))} "
+        f"({status.get('slots', '?')} slots, {status.get('slots_in_use', 0)} batches in it)",
+    ]
+    batches, samples = status.get("batches_published", 0), status.get("samples_published", 0)
+    per_s = (lambda v: _rate(v / uptime)) if uptime > 0 else (lambda v: "-")
+    lines.append(f"  published {batches} batches, {samples} samples: {per_s(batches)} batches/s, "
+                 f"{per_s(samples)} samples/s (over uptime)")
+    loader, wait, copy = (float(status.get(k, 0)) for k in
+                          ("loader_seconds", "wait_seconds", "publish_seconds"))
+    other = max(0.0, uptime - loader - wait - copy)
+    lines.append(f"  time: waiting for loader {_share(loader, uptime)}, for consumers "
+                 f"{_share(wait, uptime)}, copying {_share(copy, uptime)}, "
+                 f"other {_share(other, uptime)} (waiting for joins, between epochs)")
+    events = [f"{status.get(k, 0)} {k}" for k in ("joins", "leaves", "crashes", "evictions")
+              if status.get(k, 0)]
+    consumers = status.get("consumers", [])
+    lines.append(f"  consumers: {len(consumers)}" + (f" ({', '.join(events)})" if events else ""))
+    if consumers:
+        header = ("pid", "batch", "first epoch", "batches sent", "lag", "slots held/kept",
+                  "stalled")
+        rows = [header]
+        for c in consumers:
+            rows.append((
+                str(c.get("pid")) + (" (leaving)" if c.get("leaving") else ""),
+                str(c.get("batch_size") or "loader's"),
+                str(c.get("first_epoch")),
+                str(c.get("batches_sent")),
+                str(c.get("lag")),
+                f"{c.get('slots_held', 0)}/{c.get('slots_pinned', 0)}",
+                _share(float(c.get("stall_seconds", 0)), uptime),
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        for r in rows:
+            lines.append("    " + "  ".join(v.rjust(w) for v, w in zip(r, widths)))
+    return lines
+
+
+@cli.command(short_help="Show running producers and their consumers.")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, metavar="SECONDS",
+              help="How long each producer has to answer.")
+def status(name: str | None, as_json: bool, timeout: float) -> int:
+    """Show the producers of this user on this machine and their consumers.
+
+    Each running producer is asked through its socket (nothing is read from
+    files that could be stale). For each: pid, device, uptime, epoch (counted
+    from 0), throughput averaged over its uptime, and where its time went:
+    waiting for the loader, waiting for consumers (ring full), copying
+    batches in. For each consumer: pid, batch size, first epoch, batches sent,
+    lag (batches sent but not yet consumed), ring slots it holds and how many
+    of those it keeps, and the share of the producer's time spent waiting
+    for it. What a producer that is gone left behind is reported and removed.
+
+    Exit status: 0; 1 when NAME is given and no producer of that name runs.
+    """
+    from .status import list_producers
+
+    try:
+        listings = list_producers(name, timeout=timeout)
+    except ValueError as exc:  # an invalid name
+        raise CliError(str(exc), 2) from exc
+    except Exception as exc:
+        raise CliError(_describe(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(listings, indent=2))
+    elif not listings:
+        click.echo("no batchcast producers are running")
+    else:
+        blocks = ["\n".join(_status_block(p)) for p in listings]
+        click.echo("\n\n".join(blocks))
+    if name is not None and not any(p.get("alive") for p in listings):
+        return 1
+    return 0
+
+
+# ---- demo -------------------------------------------------------------------------------
+
+
+def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in value.replace(",", " ").split()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 1 for s in sizes):
+        raise click.BadParameter(f"'{value}' is not a list of positive ints like 32,64,100")
+    return sizes
+
+
+@cli.command(short_help="Run one producer and three trainers on synthetic images.")
+@click.option("--samples", type=click.IntRange(min=1), default=3072, show_default=True,
+              help="Synthetic 64x64 images per epoch.")
+@click.option("--epochs", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--batch-sizes", default="32,64,100", show_default=True, callback=_batch_sizes,
+              help="One trainer per batch size.")
+@click.option("--compare/--no-compare", default=True, show_default=True,
+              help="Then run the same trainers with a DataLoader each.")
+def demo(samples: int, epochs: int, batch_sizes: list[int], compare: bool) -> int:
+    """One producer runs a CPU image pipeline once; trainers with different
+    batch sizes train from it, check that they saw every sample exactly once
+    per epoch and report their throughput, then (unless --no-compare) the
+    same trainers run with a DataLoader each for comparison."""
+    from . import demo as demo_module
+
+    try:
+        demo_module.run(samples=samples, epochs=epochs, batch_sizes=batch_sizes, compare=compare)
+    except demo_module.DemoFailed as exc:
+        raise CliError(str(exc)) from exc
+    return 0

@@ -253,7 +253,6 @@ def _rate(value: float) -> str:
 
 
 def _share(part: float, whole: float) -> str:
-    # Waits are counted when they end, so one interval may hold more than itself.
     return f"{100 * min(max(part / whole, 0.0), 1.0):.0f}%" if whole > 0 else "-"
 
 
@@ -291,9 +290,12 @@ class _Live:
                 idle = _duration(now - self.last_progress)
                 shares = f"no batch for {idle}: waiting for {waiting}"
             elif consumers or published:
-                shares = (f"waiting for loader {_share(delta('loader_seconds'), dt)}, "
-                          f"for consumers {_share(delta('wait_seconds'), dt)}, "
-                          f"copying {_share(delta('publish_seconds'), dt)}")
+                loader, wait, copy = (delta(k) for k in
+                                      ("loader_seconds", "wait_seconds", "publish_seconds"))
+                # Waits are counted when they end: one interval may hold more than itself.
+                whole = max(dt, loader + wait + copy)
+                shares = (f"waiting for loader {_share(loader, whole)}, "
+                          f"for consumers {_share(wait, whole)}, copying {_share(copy, whole)}")
         if not consumers:
             want = max(self.min_consumers, 1) if published == 0 else 1
             parts.append(f"waiting for {want} consumer{'s' if want > 1 else ''} to join")

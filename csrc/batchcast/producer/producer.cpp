@@ -221,6 +221,7 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
   std::optional<RingSlot> slot;
   const auto wait_start = Clock::now();
   waiting_for_space_ = true;
+  waiting_since_ = wait_start;
   try {
     wait(lock, space_, -1, [&] {
       if (!slot && !stopping_) slot = ring_->try_reserve(layout.bytes, layout.align);
@@ -350,6 +351,13 @@ ProducerStats Producer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ProducerStats s = stats_;
   s.uptime_seconds = seconds_since(started_);
+  if (waiting_for_space_) {
+    s.waiting_for = "consumers";
+    s.waiting_seconds = seconds_since(waiting_since_);
+  } else if (last_publish_end_) {
+    s.waiting_for = "loader";
+    s.waiting_seconds = seconds_since(*last_publish_end_);
+  }
   s.epoch = epoch_;
   s.epochs_done = epochs_done_;
   const MembershipCounters& c = membership_.counters();

@@ -79,6 +79,10 @@ struct ProducerStats {
   double publish_seconds = 0;  // copying into the ring and announcing
   double wait_seconds = 0;     // waiting for ring space (the slowest consumer)
   double loader_seconds = 0;   // between publishes within an epoch: waiting for the loader
+  // What the producer waits for right now ("loader", "consumers" or "") and
+  // for how long so far (the counters above grow only when a wait ends).
+  std::string waiting_for;
+  double waiting_seconds = 0;
   int64_t joins = 0;
   int64_t leaves = 0;
   int64_t crashes = 0;
@@ -105,6 +109,8 @@ struct ProducerStats {
     v("publish_seconds", publish_seconds);
     v("wait_seconds", wait_seconds);
     v("loader_seconds", loader_seconds);
+    v("waiting_for", waiting_for);
+    v("waiting_seconds", waiting_seconds);
     v("joins", joins);
     v("leaves", leaves);
     v("crashes", crashes);
@@ -220,6 +226,7 @@ class Producer {
   Membership membership_;
   std::deque<StreamItem> stream_;
   bool waiting_for_space_ = false;
+  Clock::time_point waiting_since_;  // for space, while waiting_for_space_
   int64_t publishing_ = 0;  // publish() calls between reserve and announce
   int64_t epoch_ = -1;
   int64_t epoch_batches_ = 0;

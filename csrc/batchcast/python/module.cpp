@@ -289,7 +289,12 @@ PYBIND11_MODULE(_C, m) {
              if (!b.core) return;
              released(b, [](Producer& p) { p.close(); });
            })
-      .def("stats", [](BoundProducer& b) { return to_dict(b.core->stats()); })
+      .def("stats",
+           [](BoundProducer& b) {
+             py::dict d = to_dict(b.core->stats());
+             b.reports->flush();  // events of a producer whose own thread is busy loading
+             return d;
+           })
       .def("consumer_count", [](BoundProducer& b) { return b.core->consumer_count(); })
       .def_property_readonly("endpoint", [](BoundProducer& b) { return b.core->endpoint(); });
 

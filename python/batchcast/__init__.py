@@ -22,7 +22,35 @@ from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning
 from .consumer import Consumer
 from .producer import Producer
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The version of this copy of batchcast: from pyproject.toml when it runs
+    from a source tree (python/batchcast beside it), else from the installed
+    distribution's metadata."""
+    import re
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent.parent / "pyproject.toml"
+    try:
+        text = pyproject.read_text()
+    except OSError:
+        text = ""
+    project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    if project and re.search(r'^name\s*=\s*"batchcast"', project.group(1), re.M):
+        found = re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
+        if found:
+            return found.group(1)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return "0+unknown"
+    try:
+        return version("batchcast")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__: str = _version()
 
 _C.set_report_handler(_report.handle)
 

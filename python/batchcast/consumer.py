@@ -14,8 +14,18 @@ from ._structure import unflatten
 class Consumer:
     """Iterate it like a DataLoader: each ``iter()`` is one epoch.
 
+    Example::
+
+        loader = bc.Consumer("imagenet", batch_size=96)   # was: DataLoader(...)
+        for epoch in range(10):
+            for images, labels in tqdm(loader):           # len(loader): batches per epoch
+                loss = model(images) ...
+
     ``batch_size`` is this trainer's own; without one, the producer's loader
-    batches arrive as they are (``len()`` is the loader's).
+    batches arrive as they are (``len()`` is the loader's). ``len()`` is the
+    number of batches in an epoch; it raises ``TypeError`` (which ``tqdm`` and
+    ``operator.length_hint`` take as "unknown") while the producer's loader has no
+    length and its first epoch has not ended.
 
     Tensors are read-only views of shared memory (modify copies, not them); they
     stay valid for as long as you hold them, and the producer reuses their
@@ -103,6 +113,11 @@ class Consumer:
                 "epoch ends (its loader has no length); pass samples_per_epoch= to the Producer"
             )
         return n
+
+    def __bool__(self) -> bool:
+        # Always true, as an object: `if loader:` must not ask for a length
+        # that may still be unknown (see __len__).
+        return True
 
     def _live(self) -> Any:
         if self._core is None:

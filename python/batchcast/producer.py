@@ -3,8 +3,11 @@ per epoch and publishes every batch once into shared memory."""
 
 from __future__ import annotations
 
+import os
+import re
 import threading
-from typing import Any, Iterable
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 from . import _C
 from ._device import parse_device
@@ -32,12 +35,63 @@ def _batches_per_epoch(loader: Any) -> int:
         return -1
 
 
+# How long a new producer waits for a name whose producer died but whose lock
+# is still held by processes that producer forked: DataLoader workers inherit
+# the lock file's descriptor and notice their parent's death within about 5 s.
+_TAKEOVER_SECONDS = 10.0
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, not yet reaped
+    except (OSError, IndexError):
+        return True
+
+
+def _claim_name(name: str, make: Callable[[], Any], takeover: float = _TAKEOVER_SECONDS) -> Any:
+    """make() (the core producer, which takes the name's lock), retried while
+    the name is held only on behalf of a producer that has died: a restarted
+    notebook kernel serves again without a manual step."""
+    deadline = None
+    while True:
+        try:
+            return make()
+        except _C.NameInUse as exc:
+            found = re.search(r"\(pid (\d+)\)", str(exc))
+            if found is None or not _dead(int(found.group(1))):
+                raise
+            if deadline is None:
+                deadline = time.monotonic() + takeover
+            elif time.monotonic() > deadline:
+                raise _C.NameInUse(
+                    f"batchcast producer name '{name}': its producer (pid {found.group(1)}) has "
+                    f"exited, but processes it started (DataLoader workers, forked children) "
+                    f"still hold the name after {takeover:.0f} s; end them or choose another name"
+                ) from exc
+            time.sleep(0.05)
+
+
 class Producer:
     """Serves the batches of `loader` to every `batchcast.Consumer` of `name`.
 
     ``run()`` blocks and serves; ``start()``/``stop()`` (or ``with``) serve from a
     background thread. The loader is iterated exactly as a training loop would:
     one ``iter(loader)`` per epoch, nothing extra.
+
+    Example::
+
+        loader = DataLoader(dataset, batch_size=64, num_workers=4)
+        bc.Producer(loader, "imagenet", epochs=10).run()      # a process that serves
+
+        with bc.Producer(loader, "demo"):                    # a notebook: serves from a thread
+            subprocess.run([sys.executable, "train.py", "--data", "demo"])
 
     ``device="cpu"`` puts each batch once into host shared memory;
     ``device="cuda:N"`` copies it once into a ring of GPU memory on that GPU,
@@ -75,7 +129,7 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
-        self._core = _C.Producer(
+        self._core = _claim_name(name, lambda: _C.Producer(
             name=name,
             runtime_dir=runtime_dir or "",
             slots=int(slots),
@@ -86,7 +140,7 @@ class Producer:
             catch_up_window=None if catch_up_window is None else int(catch_up_window),
             cuda_device=cuda_device if kind == "cuda" else -1,
             linger=float(linger),
-        )
+        ))
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,28 +162,35 @@ class Producer:
             core.wait_for_consumers(self.min_consumers)
             epoch = 0
             while self.epochs is None or epoch < self.epochs:
-                core.wait_for_consumers(1)
-                core.begin_epoch(epoch)
-                iterator = iter(self.loader)
-                try:
-                    for batch in iterator:
-                        if self._stop.is_set():
-                            raise _C.Stopped("producer stopped")
-                        leaves, layout, samples = flatten(batch)
-                        core.publish(leaves, layout, samples)
-                except _C.Stopped:
-                    raise
-                except Exception as exc:
-                    core.fail(f"{type(exc).__name__}: {exc}")
-                    raise
-                finally:
-                    del iterator  # shuts DataLoader workers down as a loop would
-                core.end_epoch()
+                for _ in self._serve_epoch(core, epoch):
+                    pass
                 epoch += 1
-                self.epochs_served = epoch
         except _C.Stopped:
             pass
         core.finish()
+
+    def _serve_epoch(self, core: Any, epoch: int) -> Iterator[None]:
+        """Serves epoch `epoch`, yielding after each published batch (so that
+        batchcast.compat.tensorsocket can hand the loop to its caller)."""
+        core.wait_for_consumers(1)
+        core.begin_epoch(epoch)
+        iterator = iter(self.loader)
+        try:
+            for batch in iterator:
+                if self._stop.is_set():
+                    raise _C.Stopped("producer stopped")
+                leaves, layout, samples = flatten(batch)
+                core.publish(leaves, layout, samples)
+                yield None
+        except _C.Stopped:
+            raise
+        except Exception as exc:
+            core.fail(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            del iterator  # shuts DataLoader workers down as a loop would
+        core.end_epoch()
+        self.epochs_served = epoch + 1
 
     def start(self) -> "Producer":
         """Serves from a background thread (for notebooks); returns self."""

@@ -1,0 +1,1 @@
+"""Adapters that let code written for other data-sharing libraries run on batchcast."""

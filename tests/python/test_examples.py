@@ -1,0 +1,465 @@
+"""The examples run as the README says: the notebook (executed with nbclient,
+re-run in one kernel and in fresh kernels, and served again after a kernel is
+killed), the two sweeps, the C++ trainer, and the drop-in details (tqdm,
+__version__, py.typed, the TensorSocket shim).
+
+Needs, beyond the core test dependencies: nbclient, nbformat, ipykernel,
+jupyter_client (notebook), optuna (Optuna sweep), tqdm; each test skips with
+the reason when its package is missing. The C++ test runs the example binary
+built with -DBATCHCAST_BUILD_EXAMPLES=ON (found in build/*/example_train or
+$BATCHCAST_EXAMPLE_TRAIN) and skips when there is none.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import batchcast as bc
+from conftest import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+NOTEBOOK_NAME = "notebook-demo"  # the name examples/notebook.ipynb serves
+NOTEBOOK_SAMPLES = 512
+
+
+# ---- helpers ---------------------------------------------------------------
+
+def run_script(tmp_path: Path, args: list[str], timeout: float = 600) -> str:
+    """Runs a Python example to completion; stdout and stderr go to files."""
+    out, err = tmp_path / "script.stdout", tmp_path / "script.stderr"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.run([sys.executable, *args], stdout=o, stderr=e, cwd=tmp_path,
+                              timeout=timeout)
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{out.read_text()}\n{err.read_text()}"
+    return out.read_text()
+
+
+def cell_text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
+STATE_CELL = r'''
+import json as _json, os as _os, threading as _threading
+def _bc_state():
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+    tasks = [read(f"/proc/self/task/{t}/comm") for t in _os.listdir("/proc/self/task")]
+    fds = []
+    for fd in _os.listdir("/proc/self/fd"):
+        try:
+            fds.append(_os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    children = []
+    for pid in filter(str.isdigit, _os.listdir("/proc")):
+        stat = read(f"/proc/{pid}/stat")
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == _os.getpid():
+            children.append(int(pid))
+    return {
+        "native_threads": sorted(t.strip() for t in tasks if t),
+        "python_threads": sorted(t.name for t in _threading.enumerate()),
+        "ring_mappings": sum("batchcast" in line for line in read("/proc/self/maps").splitlines()),
+        "ring_fds": sum("batchcast" in f for f in fds),
+        "runtime_dir": sorted(_os.listdir(_os.environ["BATCHCAST_RUNTIME_DIR"])),
+        "children": children,
+    }
+print("STATE " + _json.dumps(_bc_state()))
+'''
+
+
+def states(nb) -> list[dict]:
+    found = []
+    for cell in nb.cells:
+        for line in cell_text(cell).splitlines():
+            if line.startswith("STATE "):
+                found.append(json.loads(line[len("STATE "):]))
+    return found
+
+
+def assert_clean(state: dict) -> None:
+    """Nothing of batchcast's is left in the kernel after the notebook ran."""
+    assert not [t for t in state["python_threads"] if "batchcast" in t], state
+    assert state["ring_mappings"] == 0 and state["ring_fds"] == 0, state
+    assert state["runtime_dir"] == [], state
+    assert state["children"] == [], state
+
+
+def check_notebook_outputs(nb, runs: int) -> None:
+    text = "".join(cell_text(c) for c in nb.cells)
+    # 3 trainers x 2 epochs, the second kernel x 2 epochs, the `with` trainer x 1 epoch
+    assert text.count(f"{NOTEBOOK_SAMPLES} samples, exactly once: True") == 9 * runs, text
+    assert "exactly once: False" not in text, text
+    assert text.count("second kernel, epoch 1") == runs, text
+    assert text.count("producers now: []") == 2 * runs, text
+
+
+def notebook_env():
+    nbformat = pytest.importorskip("nbformat", reason="the notebook test needs nbformat (pip install nbformat)")
+    nbclient = pytest.importorskip("nbclient", reason="the notebook test needs nbclient (pip install nbclient)")
+    pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel (pip install ipykernel)")
+    pytest.importorskip("jupyter_client", reason="the notebook test needs jupyter_client")
+    return nbformat, nbclient
+
+
+def execute(nbclient, nb, cwd: Path) -> None:
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                      resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+
+
+# ---- the notebook ----------------------------------------------------------
+
+def test_notebook_runs_twice_in_one_kernel_and_leaves_nothing(runtime_dir, tmp_path):
+    nbformat, nbclient = notebook_env()
+    original = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    v4 = nbformat.v4
+
+    def run_once():  # fresh cells (and cell ids) for each pass
+        cells = [v4.new_code_cell(c.source) if c.cell_type == "code" else v4.new_markdown_cell(c.source)
+                 for c in original.cells]
+        return [*cells, v4.new_code_cell(STATE_CELL)]
+
+    nb = v4.new_notebook(metadata=original.metadata, cells=[*run_once(), *run_once()])
+    execute(nbclient, nb, tmp_path)
+    check_notebook_outputs(nb, runs=2)
+    first, second = states(nb)
+    assert_clean(first)
+    assert_clean(second)
+    # Threads: the second run ends with exactly the threads the first ended with
+    # (whatever the first created once, torch's pools say, is not a leak per run).
+    assert second["native_threads"] == first["native_threads"], (first, second)
+    assert second["python_threads"] == first["python_threads"], (first, second)
+    assert os.listdir(runtime_dir) == []
+
+
+def test_notebook_in_fresh_kernels_leaves_nothing(runtime_dir, tmp_path):
+    nbformat, nbclient = notebook_env()
+    for _ in range(2):
+        nb = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+        nb.cells.append(nbformat.v4.new_code_cell(STATE_CELL))
+        execute(nbclient, nb, tmp_path)
+        check_notebook_outputs(nb, runs=1)
+        assert_clean(states(nb)[0])
+        assert os.listdir(runtime_dir) == []  # after the kernel exited too
+
+
+class Kernel:
+    """A kernel started with jupyter_client; run() executes code and returns its stdout."""
+
+    def __init__(self, cwd: Path):
+        from jupyter_client.manager import start_new_kernel
+
+        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd),
+                                            stderr=subprocess.DEVNULL)
+        self.pid = int(self.run("import os; print(os.getpid())"))
+
+    def run(self, code: str, timeout: float = 300) -> str:
+        out: list[str] = []
+        errors: list[str] = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        assert reply["content"]["status"] == "ok", "".join(out) + "\n".join(errors)
+        return "".join(out)
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def read_epoch(batch_size: int) -> list[int]:
+    with bc.Consumer(NOTEBOOK_NAME, batch_size=batch_size, timeout=60) as consumer:
+        return sorted(i for _, _, index in consumer for i in index.tolist())
+
+
+def test_killed_serving_kernel_its_name_is_served_again_by_a_new_kernel(runtime_dir, tmp_path):
+    nbformat, _ = notebook_env()
+    nb = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    setup, serve = code[0], code[1]
+    assert "bc.Producer(" in serve and ".start()" in serve
+
+    first = Kernel(tmp_path)
+    try:
+        first.run(setup)
+        first.run(serve)
+        assert read_epoch(50) == list(range(NOTEBOOK_SAMPLES))
+        consumer = bc.Consumer(NOTEBOOK_NAME, batch_size=50)
+        batches = iter(consumer)
+        next(batches)  # mid-epoch when the kernel dies
+        os.kill(first.pid, signal.SIGKILL)
+        with pytest.raises(bc.ProducerLost):
+            for _ in batches:
+                pass
+        consumer.close()
+    finally:
+        first.shutdown()
+    assert (runtime_dir / f"{NOTEBOOK_NAME}.lock").exists()  # what the dead kernel left
+
+    second = Kernel(tmp_path)  # a restarted kernel: the same cells, no clean-up step
+    try:
+        second.run(setup)
+        second.run(serve)
+        assert read_epoch(64) == list(range(NOTEBOOK_SAMPLES))
+        second.run("producer.stop()")
+    finally:
+        second.shutdown()
+    assert os.listdir(runtime_dir) == []
+
+
+FORKING_PRODUCER = """
+import os, sys, signal, torch, batchcast as bc
+producer = bc.Producer([torch.zeros(2, 2)], sys.argv[1], epochs=None)
+child = os.fork()  # as a DataLoader forks its workers: the child inherits the name's lock
+if child == 0:
+    os.read(0, 1)  # until the test closes our stdin
+    os._exit(0)
+print(child, flush=True)
+signal.pause()
+"""
+
+
+def test_name_held_by_a_dead_producers_forked_child_is_taken_over(runtime_dir, tmp_path, name,
+                                                                  monkeypatch):
+    import batchcast.producer as producer_module
+
+    out = tmp_path / "forking.out"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-c", FORKING_PRODUCER, name],
+                                stdin=subprocess.PIPE, stdout=stdout)
+    try:
+        child = int(eventually(lambda: out.read_text().strip(), "the forked child's pid"))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        refused = threading.Event()
+        real_dead = producer_module._dead
+
+        def spy(pid):  # called once the name was refused
+            refused.set()
+            return real_dead(pid)
+
+        monkeypatch.setattr(producer_module, "_dead", spy)
+        taken: list = []
+        thread = threading.Thread(target=lambda: taken.append(bc.Producer([torch.zeros(2, 2)], name)))
+        thread.start()
+        assert refused.wait(60), "the name was not refused while the dead producer's child held it"
+        assert os.path.exists(f"/proc/{child}")
+        proc.stdin.close()  # the child exits; the waiting producer takes the name
+        thread.join(60)
+        assert len(taken) == 1
+        taken[0].close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_name_of_a_live_producer_is_refused_at_once(runtime_dir, name):
+    with bc.Producer([torch.zeros(2, 2)], name, epochs=None):
+        with pytest.raises(bc.NameInUse, match="already running"):
+            bc.Producer([torch.zeros(2, 2)], name)
+
+
+# ---- sweeps ----------------------------------------------------------------
+
+SMALL = ["--trials", "2", "--epochs", "1", "--samples", "128", "--size", "16"]
+
+
+def check_sweep_output(out: str) -> None:
+    rows = [line for line in out.splitlines() if re.match(r"^\s*[0-9.e-]+\s+\d+\s+[0-9.]+\s+(True|False)", line)]
+    assert len(rows) == 4, out  # 2 trials shared, 2 with their own loader
+    assert all(" True " in row for row in rows), out
+    assert "one shared producer" in out and "a DataLoader each" in out, out
+    assert re.search(r"saved by sharing\s*: wall\s+-?[0-9.]+ s .* CPU\s+-?[0-9.]+ s", out), out
+
+
+def test_sweep_script(runtime_dir, tmp_path):
+    out = run_script(tmp_path, [str(EXAMPLES / "sweep_script.py"), *SMALL])
+    check_sweep_output(out)
+    assert os.listdir(runtime_dir) == []
+
+
+def test_sweep_optuna(runtime_dir, tmp_path):
+    pytest.importorskip("optuna", reason="the Optuna sweep needs optuna (pip install optuna)")
+    out = run_script(tmp_path, [str(EXAMPLES / "sweep_optuna.py"), *SMALL])
+    check_sweep_output(out)
+    assert re.search(r"^best: lr=", out, re.M), out
+    assert os.listdir(runtime_dir) == []
+
+
+# ---- the C++ trainer -------------------------------------------------------
+
+def example_binary() -> Path | None:
+    given = os.environ.get("BATCHCAST_EXAMPLE_TRAIN")
+    if given:
+        return Path(given)
+    found = [p for p in ROOT.glob("build/*/example_train") if os.access(p, os.X_OK)]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def test_cpp_trainer_fed_by_a_python_producer(runtime_dir, tmp_path):
+    binary = example_binary()
+    if binary is None:
+        pytest.skip("no C++ example built (configure with -DBATCHCAST_BUILD_EXAMPLES=ON)")
+    name = "cpp-example"
+    files = {}
+
+    def start(role, cmd):
+        files[role] = (tmp_path / f"{role}.out", tmp_path / f"{role}.err")
+        with open(files[role][0], "w") as o, open(files[role][1], "w") as e:
+            return subprocess.Popen(cmd, stdout=o, stderr=e)
+
+    producer = start("producer", [sys.executable, str(EXAMPLES / "cpp" / "serve.py"), name,
+                                  "--samples", "1024", "--epochs", "3", "--consumers", "2"])
+    trainers = {b: start(f"train{b}", [str(binary), name, "--batch-size", str(b), "--epochs", "3",
+                                       "--report", str(tmp_path / f"report{b}.json")])
+                for b in (48, 100)}
+    procs = {"producer": producer, **{f"train{b}": p for b, p in trainers.items()}}
+    try:
+        for role, p in procs.items():
+            code = p.wait(timeout=300)
+            assert code == 0, (f"{role} exited {code}:\n{files[role][0].read_text()}\n"
+                               f"{files[role][1].read_text()}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for b in trainers:
+        report = json.loads((tmp_path / f"report{b}.json").read_text())
+        epochs = report["epochs"]
+        assert [e["epoch"] for e in epochs] == [0, 1, 2], report
+        assert all(e["exactly_once"] and e["samples"] == 1024 for e in epochs), report
+        assert all(e["batches"] == math.ceil(1024 / b) for e in epochs), report
+        assert epochs[-1]["loss"] < 0.8 * epochs[0]["loss"], report  # it learns
+        assert "every sample exactly once: yes" in files[f"train{b}"][0].read_text()
+    assert os.listdir(runtime_dir) == []
+
+
+# ---- drop-in details -------------------------------------------------------
+
+def serve_in_thread(loader, name, **options) -> bc.Producer:
+    return bc.Producer(loader, name, epochs=None, **options).start()
+
+
+class Unsized(IterableDataset):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.arange(self.n))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_tqdm_shows_the_total(runtime_dir, name, drop_last):
+    tqdm = pytest.importorskip("tqdm", reason="needs tqdm (pip install tqdm)").tqdm
+    loader = DataLoader(TensorDataset(torch.arange(100)), batch_size=16)
+    with serve_in_thread(loader, name):
+        consumer = bc.Consumer(name, batch_size=7, drop_last=drop_last)
+        bar = tqdm(consumer, file=io.StringIO())
+        assert bar.total == len(consumer) == (100 // 7 if drop_last else math.ceil(100 / 7))
+        n = sum(1 for _ in bar)
+        assert n == bar.total and bar.n == bar.total
+        consumer.close()
+
+
+def test_len_of_a_loader_without_length_is_unknown_until_an_epoch_ended(runtime_dir, name):
+    tqdm = pytest.importorskip("tqdm", reason="needs tqdm (pip install tqdm)").tqdm
+    loader = DataLoader(Unsized(50), batch_size=8)
+    with serve_in_thread(loader, name):
+        consumer = bc.Consumer(name, batch_size=6)
+        assert bool(consumer)  # truthiness never asks for the length
+        with pytest.raises(TypeError):
+            len(consumer)
+        bar = tqdm(consumer, file=io.StringIO())
+        assert bar.total is None
+        assert sum(1 for _ in bar) == math.ceil(50 / 6)
+        assert len(consumer) == math.ceil(50 / 6)  # known from the first epoch's end
+        assert tqdm(consumer, file=io.StringIO()).total == math.ceil(50 / 6)
+        consumer.close()
+
+
+def test_version_and_py_typed():
+    package = Path(bc.__file__).resolve().parent
+    assert (package / "py.typed").is_file()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert bc.__version__ == re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
+    if package != (ROOT / "python" / "batchcast").resolve():  # an installed copy
+        from importlib.metadata import version
+
+        assert bc.__version__ == version("batchcast")
+
+
+def test_tensorsocket_shim(runtime_dir):
+    from batchcast.compat.tensorsocket import TensorConsumer, TensorProducer
+
+    dataset = TensorDataset(torch.arange(90).float().unsqueeze(1), torch.arange(90))
+    data_loader = DataLoader(dataset, batch_size=16)
+    epochs = 2
+    producer = TensorProducer(data_loader, 5556, 5557, rubber_band_pct=0.02)
+    assert producer.name == "tensorsocket-5556" and len(producer) == 6
+
+    def serve():  # TensorSocket's producer loop, unchanged
+        for _ in range(epochs):
+            for _ in producer:
+                pass
+        producer.join()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        consumer = TensorConsumer("5556", "5557", batch_size=20)
+        assert len(consumer) == 5
+        for _epoch in range(epochs):
+            seen = []
+            for batch_idx, (inputs, targets) in enumerate(consumer):
+                assert inputs.shape[1:] == (1,) and len(targets) <= 20
+                seen += targets.tolist()
+            assert seen == list(range(90))
+        with pytest.warns(RuntimeWarning, match="finished serving"):
+            assert list(consumer) == []  # the producer has finished
+        consumer.close()
+    finally:
+        thread.join(60)
+    assert not thread.is_alive()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_tensorsocket_shim_pack_and_unpack(runtime_dir):
+    from batchcast.compat.tensorsocket import TensorConsumer, TensorProducer
+
+    loader = DataLoader(TensorDataset(torch.arange(40)), batch_size=10)
+    producer = TensorProducer(loader, 6000, pack_fn=lambda b: (b[0], b[0] * 2))
+    thread = threading.Thread(target=lambda: ([None for _ in producer], producer.join()))
+    thread.start()
+    try:
+        consumer = TensorConsumer(6000, batch_size=8, unpack_fn=lambda b: b[1] - b[0])
+        assert torch.cat(list(consumer)).tolist() == list(range(40))
+        consumer.close()
+    finally:
+        thread.join(60)
+    assert os.listdir(runtime_dir) == []

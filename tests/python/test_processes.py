@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import expected_sizes, shm_entries
+from conftest import eventually, expected_sizes, shm_entries
 from torch.utils.data import DataLoader
 
 from workers import IdDataset
@@ -314,3 +314,39 @@ def test_writing_into_a_batch_in_place_crashes_with_an_explanation_and_corrupts_
     procs.wait_all()
     r = procs.result("c.json")
     assert r["error"] is None and r["epochs"] == [list(range(200))]  # values checked too
+
+
+def test_a_name_is_free_as_soon_as_its_producer_dies_even_with_loader_workers_alive(procs, name):
+    """DataLoader workers are forked children: they must not keep the name's
+    lock (they notice their parent's death only seconds later)."""
+    import batchcast as bc
+
+    p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--workers", "2",
+                    "--slots", "2")
+    c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01",
+                    "--ready", str(procs.tmp / "ready"), out="c.json")
+    wait_for(procs.tmp / "ready")
+    workers = eventually(lambda: [int(d) for d in os.listdir("/proc") if d.isdigit() and _parent(int(d)) == p.pid],
+                         "the producer's loader workers")
+    p.kill()
+    p.wait()
+    with bc.Producer([torch.zeros(2)], name, epochs=1):  # not NameInUse
+        assert any(_alive(pid) for pid in workers), "the workers were already gone: nothing tested"
+    c.wait(30)
+    assert procs.result("c.json")["error"].startswith("ProducerLost")
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

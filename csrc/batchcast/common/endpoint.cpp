@@ -8,6 +8,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -69,6 +72,42 @@ std::string endpoint_for(const std::string& dir, const std::string& name) {
   return "ipc://" + path;
 }
 
+// A forked child (a DataLoader worker) inherits the lock's descriptor, and
+// with it the flock: the name would stay taken until every worker noticed
+// its producer's death. Children drop their copies at once.
+namespace {
+
+constexpr int kMaxLocks = 256;
+std::atomic<int> lock_fds[kMaxLocks];  // -1: free; atomics: read in the child without a lock
+
+void close_lock_fds_in_child() {
+  for (auto& fd : lock_fds) {
+    int f = fd.exchange(-1);
+    if (f >= 0) ::close(f);
+  }
+}
+
+void register_lock_fd(int fd) {
+  static const bool installed = [] {
+    for (auto& f : lock_fds) f = -1;
+    return pthread_atfork(nullptr, nullptr, close_lock_fds_in_child) == 0;
+  }();
+  (void)installed;
+  for (auto& slot : lock_fds) {
+    int expected = -1;
+    if (slot.compare_exchange_strong(expected, fd)) return;
+  }
+}
+
+void unregister_lock_fd(int fd) {
+  for (auto& slot : lock_fds) {
+    int expected = fd;
+    if (slot.compare_exchange_strong(expected, -1)) return;
+  }
+}
+
+}  // namespace
+
 NameLock::NameLock(const std::string& dir, const std::string& name)
     : lock_path_(dir + "/" + name + ".lock"), socket_path_(dir + "/" + name + ".sock") {
   // Loop until the lock we hold is on the file that is at lock_path_ now: a
@@ -93,6 +132,7 @@ NameLock::NameLock(const std::string& dir, const std::string& name)
       }
       ::unlink(socket_path_.c_str());  // stale socket of a dead producer
       fd_ = std::move(fd);
+      register_lock_fd(fd_.get());
       return;
     }
   }
@@ -102,6 +142,7 @@ NameLock::NameLock(const std::string& dir, const std::string& name)
 NameLock::~NameLock() {
   ::unlink(socket_path_.c_str());
   ::unlink(lock_path_.c_str());
+  unregister_lock_fd(fd_.get());
 }
 
 Wakeup::Wakeup() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {

@@ -3,11 +3,8 @@ per epoch and publishes every batch once into shared memory."""
 
 from __future__ import annotations
 
-import os
-import re
 import threading
-import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from . import _C
 from ._device import parse_device
@@ -33,49 +30,6 @@ def _batches_per_epoch(loader: Any) -> int:
         return int(len(loader))
     except (TypeError, NotImplementedError):
         return -1
-
-
-# How long a new producer waits for a name whose producer died but whose lock
-# is still held by processes that producer forked: DataLoader workers inherit
-# the lock file's descriptor and notice their parent's death within about 5 s.
-_TAKEOVER_SECONDS = 10.0
-
-
-def _dead(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, not yet reaped
-    except (OSError, IndexError):
-        return True
-
-
-def _claim_name(name: str, make: Callable[[], Any], takeover: float = _TAKEOVER_SECONDS) -> Any:
-    """make() (the core producer, which takes the name's lock), retried while
-    the name is held only on behalf of a producer that has died: a restarted
-    notebook kernel serves again without a manual step."""
-    deadline = None
-    while True:
-        try:
-            return make()
-        except _C.NameInUse as exc:
-            found = re.search(r"\(pid (\d+)\)", str(exc))
-            if found is None or not _dead(int(found.group(1))):
-                raise
-            if deadline is None:
-                deadline = time.monotonic() + takeover
-            elif time.monotonic() > deadline:
-                raise _C.NameInUse(
-                    f"batchcast producer name '{name}': its producer (pid {found.group(1)}) has "
-                    f"exited, but processes it started (DataLoader workers, forked children) "
-                    f"still hold the name after {takeover:.0f} s; end them or choose another name"
-                ) from exc
-            time.sleep(0.05)
 
 
 class Producer:
@@ -129,7 +83,7 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
-        self._core = _claim_name(name, lambda: _C.Producer(
+        self._core = _C.Producer(
             name=name,
             runtime_dir=runtime_dir or "",
             slots=int(slots),
@@ -140,7 +94,7 @@ class Producer:
             catch_up_window=None if catch_up_window is None else int(catch_up_window),
             cuda_device=cuda_device if kind == "cuda" else -1,
             linger=float(linger),
-        ))
+        )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -230,60 +230,6 @@ def test_killed_serving_kernel_its_name_is_served_again_by_a_new_kernel(runtime_
     assert os.listdir(runtime_dir) == []
 
 
-FORKING_PRODUCER = """
-import os, sys, signal, torch, batchcast as bc
-producer = bc.Producer([torch.zeros(2, 2)], sys.argv[1], epochs=None)
-child = os.fork()  # as a DataLoader forks its workers: the child inherits the name's lock
-if child == 0:
-    os.read(0, 1)  # until the test closes our stdin
-    os._exit(0)
-print(child, flush=True)
-signal.pause()
-"""
-
-
-def test_name_held_by_a_dead_producers_forked_child_is_taken_over(runtime_dir, tmp_path, name,
-                                                                  monkeypatch):
-    import batchcast.producer as producer_module
-
-    out = tmp_path / "forking.out"
-    with open(out, "w") as stdout:
-        proc = subprocess.Popen([sys.executable, "-c", FORKING_PRODUCER, name],
-                                stdin=subprocess.PIPE, stdout=stdout)
-    try:
-        child = int(eventually(lambda: out.read_text().strip(), "the forked child's pid"))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        refused = threading.Event()
-        real_dead = producer_module._dead
-
-        def spy(pid):  # called once the name was refused
-            refused.set()
-            return real_dead(pid)
-
-        monkeypatch.setattr(producer_module, "_dead", spy)
-        taken: list = []
-        thread = threading.Thread(target=lambda: taken.append(bc.Producer([torch.zeros(2, 2)], name)))
-        thread.start()
-        assert refused.wait(60), "the name was not refused while the dead producer's child held it"
-        assert os.path.exists(f"/proc/{child}")
-        proc.stdin.close()  # the child exits; the waiting producer takes the name
-        thread.join(60)
-        assert len(taken) == 1
-        taken[0].close()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert os.listdir(runtime_dir) == []
-
-
-def test_name_of_a_live_producer_is_refused_at_once(runtime_dir, name):
-    with bc.Producer([torch.zeros(2, 2)], name, epochs=None):
-        with pytest.raises(bc.NameInUse, match="already running"):
-            bc.Producer([torch.zeros(2, 2)], name)
-
-
 # ---- sweeps ----------------------------------------------------------------
 
 SMALL = ["--trials", "2", "--epochs", "1", "--samples", "128", "--size", "16"]

@@ -48,7 +48,8 @@ def add_size_arguments(parser: argparse.ArgumentParser, trials: int = 4) -> None
     parser.add_argument("--samples", type=int, default=1024, help="samples per epoch")
     parser.add_argument("--size", type=int, default=64, help="image side")
     parser.add_argument("--workers", type=int, default=1,
-                        help="DataLoader workers: the producer's, and each trial's own when compared")
+                        help="DataLoader workers: the producer's, and each trial's own "
+                             "when compared")
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the run where each trial has its own DataLoader")
 
@@ -94,7 +95,7 @@ class Trials:
         if code != 0 or not out.exists():
             on_failure()
             log = Path(str(out)[:-len(".json")] + ".log").read_text()
-            raise RuntimeError(f"trial {proc.args[3:7]} exited with {code}:\n{log}")
+            raise RuntimeError(f"trial ({' '.join(proc.args[2:6])}) exited with {code}:\n{log}")
         result = json.loads(out.read_text())
         result["cpu"] = usage.ru_utime + usage.ru_stime  # with its loader workers, if any
         return result
@@ -131,8 +132,8 @@ def print_results(title: str, results: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'lr':>8} {'batch':>6} {'loss':>8} {'exactly once':>13} {'train s':>8} {'CPU s':>6}")
     for r in results:
-        print(f"{r['lr']:>8.3g} {r['batch_size']:>6} {r['loss']:>8.4f} {str(r['exactly_once']):>13} "
-              f"{r['seconds']:>8.2f} {r['cpu']:>6.2f}")
+        print(f"{r['lr']:>8.3g} {r['batch_size']:>6} {r['loss']:>8.4f} "
+              f"{str(r['exactly_once']):>13} {r['seconds']:>8.2f} {r['cpu']:>6.2f}")
 
 
 def print_savings(args: argparse.Namespace, shared: tuple, own: tuple | None) -> None:
@@ -146,8 +147,9 @@ def print_savings(args: argparse.Namespace, shared: tuple, own: tuple | None) ->
         return
     _, own_wall, own_cpu = own
     print(f"  a DataLoader each    : wall {own_wall:7.2f} s   CPU {own_cpu:7.2f} s")
-    print(f"  saved by sharing     : wall {own_wall - wall:7.2f} s ({(own_wall - wall) / own_wall:.0%})"
-          f"   CPU {own_cpu - cpu:7.2f} s ({(own_cpu - cpu) / own_cpu:.0%})")
+    print(f"  saved by sharing     : wall {own_wall - wall:7.2f} s "
+          f"({(own_wall - wall) / own_wall:.0%})   CPU {own_cpu - cpu:7.2f} s "
+          f"({(own_cpu - cpu) / own_cpu:.0%})")
 
 
 def main() -> None:

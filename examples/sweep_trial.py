@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--data", help="batchcast producer name; without it, a DataLoader of its own")
+    parser.add_argument("--data",
+                        help="batchcast producer name; without it, a DataLoader of its own")
     parser.add_argument("--samples", type=int, default=1024, help="samples per epoch")
     parser.add_argument("--size", type=int, default=64, help="own DataLoader: image side")
     parser.add_argument("--workers", type=int, default=1, help="own DataLoader: num_workers")

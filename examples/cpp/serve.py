@@ -41,7 +41,8 @@ def main() -> None:
     print(f"serving '{args.name}': {args.samples} samples, {args.epochs} epochs", flush=True)
     producer.run()
     stats = producer.stats()
-    print(f"served {stats['batches_published']} loader batches to {stats['joins']} consumer(s)", flush=True)
+    print(f"served {stats['batches_published']} loader batches to {stats['joins']} consumer(s)",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import batchcast as bc
-from conftest import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -44,12 +43,14 @@ def run_script(tmp_path: Path, args: list[str], timeout: float = 600) -> str:
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.run([sys.executable, *args], stdout=o, stderr=e, cwd=tmp_path,
                               timeout=timeout)
-    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{out.read_text()}\n{err.read_text()}"
+    assert proc.returncode == 0, (f"{args} exited {proc.returncode}:\n"
+                                  f"{out.read_text()}\n{err.read_text()}")
     return out.read_text()
 
 
 def cell_text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream")
 
 
 STATE_CELL = r'''
@@ -112,10 +113,14 @@ def check_notebook_outputs(nb, runs: int) -> None:
 
 
 def notebook_env():
-    nbformat = pytest.importorskip("nbformat", reason="the notebook test needs nbformat (pip install nbformat)")
-    nbclient = pytest.importorskip("nbclient", reason="the notebook test needs nbclient (pip install nbclient)")
-    pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel (pip install ipykernel)")
-    pytest.importorskip("jupyter_client", reason="the notebook test needs jupyter_client")
+    def need(module: str):
+        return pytest.importorskip(
+            module, reason=f"the notebook tests need {module} "
+                           "(pip install nbclient nbformat ipykernel jupyter_client)")
+
+    nbformat, nbclient = need("nbformat"), need("nbclient")
+    need("ipykernel")
+    need("jupyter_client")
     return nbformat, nbclient
 
 
@@ -133,8 +138,8 @@ def test_notebook_runs_twice_in_one_kernel_and_leaves_nothing(runtime_dir, tmp_p
     v4 = nbformat.v4
 
     def run_once():  # fresh cells (and cell ids) for each pass
-        cells = [v4.new_code_cell(c.source) if c.cell_type == "code" else v4.new_markdown_cell(c.source)
-                 for c in original.cells]
+        cells = [v4.new_code_cell(c.source) if c.cell_type == "code"
+                 else v4.new_markdown_cell(c.source) for c in original.cells]
         return [*cells, v4.new_code_cell(STATE_CELL)]
 
     nb = v4.new_notebook(metadata=original.metadata, cells=[*run_once(), *run_once()])
@@ -236,7 +241,8 @@ SMALL = ["--trials", "2", "--epochs", "1", "--samples", "128", "--size", "16"]
 
 
 def check_sweep_output(out: str) -> None:
-    rows = [line for line in out.splitlines() if re.match(r"^\s*[0-9.e-]+\s+\d+\s+[0-9.]+\s+(True|False)", line)]
+    row = re.compile(r"^\s*[0-9.e-]+\s+\d+\s+[0-9.]+\s+(True|False)")
+    rows = [line for line in out.splitlines() if row.match(line)]
     assert len(rows) == 4, out  # 2 trials shared, 2 with their own loader
     assert all(" True " in row for row in rows), out
     assert "one shared producer" in out and "a DataLoader each" in out, out

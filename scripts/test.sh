@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
-# CTest) and the Python API with real processes (pytest).
+# CTest), a fuzz run of the decoder, the Python API, command line and
+# examples with real processes (pytest), and the pip wheel on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,6 +16,9 @@ if ! dpkg -s clang libclang-rt-dev >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev >/dev/null
 fi
 
+# What the examples' tests need (the notebook, the Optuna sweep, tqdm).
+$PY -m pip install -q nbclient nbformat ipykernel jupyter_client optuna tqdm
+
 echo "== C++ tests"
 ctest --test-dir build/py --output-on-failure
 echo "== Fuzzing the message decoder (${BATCHCAST_FUZZ_SECONDS:-30} s)"
@@ -22,3 +26,5 @@ bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 echo "== Python tests"
 # `import batchcast` is the package installed above (python/ is not on sys.path).
 $PY -m pytest -q -p no:cacheprovider tests/python "$@"
+echo "== Wheel: pip alone (bundled libzmq, pinned torch, the system's libzmq hidden)"
+bash scripts/wheel-check.sh

@@ -49,7 +49,8 @@ PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 echo "== 1. pip wheel against torch $torch_version (build folder $BUILD_DIR)"
 start=$SECONDS
 quiet $PY -m pip wheel --no-build-isolation --no-deps -w "$tmp/raw" \
-  -C build-dir="$BUILD_DIR" -C cmake.define.BATCHCAST_BUILD_TESTS=ON .
+  -C build-dir="$BUILD_DIR" -C cmake.define.BATCHCAST_BUILD_TESTS=ON \
+  -C cmake.define.BATCHCAST_BUILD_EXAMPLES=ON .
 raw=$(ls "$tmp"/raw/batchcast-*.whl)
 echo "   $(basename "$raw") in $((SECONDS - start)) s"
 

@@ -139,6 +139,10 @@ class Producer:
         except _C.Stopped:
             raise
         except Exception as exc:
+            if self._stop.is_set():
+                # Stopping (a Ctrl-C may also reach spawned loader workers):
+                # consumers hear that the producer stopped, not a loader error.
+                raise _C.Stopped("producer stopped") from exc
             core.fail(f"{type(exc).__name__}: {exc}")
             raise
         finally:

@@ -40,6 +40,9 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
 std::optional<RingSlot> Ring::try_reserve(const std::vector<uint64_t>& bytes,
                                           const std::vector<uint64_t>& align) {
   if (events_ && events_->available() == 0) return std::nullopt;
+  // Lanes are rounded up to pages, so small batches would fit by the hundred:
+  // the count keeps the producer within the ring's batches of the slowest.
+  if (lanes_->in_flight() >= static_cast<std::size_t>(2 * options_.slots + 1)) return std::nullopt;
   auto slot = lanes_->try_allocate(bytes, align);
   if (!slot) return std::nullopt;
   RingSlot out{slot->seq, std::move(slot->offsets), -1};

@@ -77,8 +77,11 @@ def _bc_state():
     return {
         "native_threads": sorted(t.strip() for t in tasks if t),
         "python_threads": sorted(t.name for t in _threading.enumerate()),
-        "ring_mappings": sum("batchcast" in line for line in read("/proc/self/maps").splitlines()),
-        "ring_fds": sum("batchcast" in f for f in fds),
+        # A ring is a memfd named "batchcast:<name>" (not the extension module,
+        # whose path may contain "batchcast" too).
+        "ring_mappings": sum("/memfd:batchcast:" in line
+                             for line in read("/proc/self/maps").splitlines()),
+        "ring_fds": sum("/memfd:batchcast:" in f for f in fds),
         "runtime_dir": sorted(_os.listdir(_os.environ["BATCHCAST_RUNTIME_DIR"])),
         "children": children,
     }

@@ -156,7 +156,9 @@ def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everyt
     rng = random.Random(seed)
     p = procs.start("produce", name, "--samples", "2000", "--loader-batch", "10", "--slots", "3",
                     "--min-consumers", "3", "--epochs", "2")
-    survivor = procs.start("consume", name, "--batch-size", "7", "--check-values",
+    # The survivor trains (10 ms a batch: about 6 s in all) well past the kills,
+    # which come within about 3 s of the start.
+    survivor = procs.start("consume", name, "--batch-size", "7", "--check-values", "--sleep", "0.01",
                            "--epochs", "2", out="s.json")
     ready = [procs.tmp / f"ready{k}" for k in range(2)]
     victims = [procs.start("consume", name, "--batch-size", str(rng.choice([3, 10, 25])),

@@ -64,7 +64,8 @@ def bc_producer(name: str, published, size_mb: int, batches: int, out) -> None:
     from batchcast import _C
     from batchcast._structure import flatten
 
-    core = _C.Producer(name, "", batches + 1, 0, batches * ROWS)  # room for every batch
+    # Room for every batch in flight (the ring holds 2 * slots + 1 batches).
+    core = _C.Producer(name=name, slots=batches // 2 + 1, samples_per_epoch=batches * ROWS)
     src = batch_of(size_mb)
     core.wait_for_consumers(1)
     core.begin_epoch(0)

@@ -89,6 +89,29 @@ TEST(LaneAllocator, AllocationsNeverOverlapLiveOnes) {
   }
 }
 
+TEST(LaneAllocator, TheRoomBeyondThePreferredShareIsUsedOnlyWhenNeeded) {
+  LaneAllocator lanes({4096 * 4}, 0.5);  // batches stay in the first 8 KiB while they fit
+  EXPECT_EQ(lanes.lane_preferred(0), 8192u);
+  std::deque<LaneAllocator::Slot> flowing;
+  for (int i = 0; i < 100; ++i) {  // two in flight, as consumers keep up
+    auto s = lanes.try_allocate({1000}, {1});
+    ASSERT_TRUE(s);
+    EXPECT_LE(s->offsets[0] + 1000, 8192u) << "batch " << i << " went past the preferred share";
+    flowing.push_back(*s);
+    if (flowing.size() == 2) {
+      lanes.release(flowing.front().seq);
+      flowing.pop_front();
+    }
+  }
+  int beyond = 0, held = static_cast<int>(flowing.size());
+  while (auto s = lanes.try_allocate({1000}, {1})) {  // now nothing is released: use it all
+    beyond += s->offsets[0] + 1000 > 8192 ? 1 : 0;
+    held += 1;
+  }
+  EXPECT_EQ(held, 16);
+  EXPECT_EQ(beyond, 8);
+}
+
 TEST(LaneAllocator, TooLargeIsAClearError) {
   LaneAllocator lanes({4096});
   EXPECT_THROW(lanes.try_allocate({5000}, {1}), InvalidArgument);

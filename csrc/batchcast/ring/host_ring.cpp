@@ -32,6 +32,8 @@ class HostRing final : public Ring {
   }
 
  protected:
+  void prepare(uint64_t offset, uint64_t bytes) override { region_->fault_in(offset, bytes); }
+
   void allocate_memory(uint64_t bytes, int) override {
     region_.emplace(SharedRegion::create(bytes, options_.label));
     description_.fd = region_->fd();

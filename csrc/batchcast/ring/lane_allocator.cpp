@@ -1,5 +1,6 @@
 #include "batchcast/ring/lane_allocator.h"
 
+#include <algorithm>
 #include <string>
 
 #include "batchcast/common/error.h"
@@ -10,11 +11,13 @@ constexpr uint64_t kPage = 4096;
 uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
-LaneAllocator::LaneAllocator(const std::vector<uint64_t>& lane_capacities) {
+LaneAllocator::LaneAllocator(const std::vector<uint64_t>& lane_capacities, double preferred_share) {
   for (uint64_t cap : lane_capacities) {
     Lane lane;
     lane.base = total_;
     lane.capacity = round_up(cap == 0 ? 1 : cap, kPage);
+    lane.preferred = std::min(
+        lane.capacity, round_up(static_cast<uint64_t>(static_cast<double>(lane.capacity) * preferred_share), kPage));
     total_ += lane.capacity;
     lanes_.push_back(std::move(lane));
   }
@@ -22,12 +25,13 @@ LaneAllocator::LaneAllocator(const std::vector<uint64_t>& lane_capacities) {
 
 // First fit going forward from the head, around the lane once: it jumps over
 // whatever is in use, so one long-held slot costs its own space and no more.
-std::optional<uint64_t> LaneAllocator::place(const Lane& lane, uint64_t size, uint64_t align) {
-  const uint64_t origin = lane.head;
+std::optional<uint64_t> LaneAllocator::place(const Lane& lane, uint64_t size, uint64_t align,
+                                             uint64_t limit) {
+  const uint64_t origin = std::min(lane.head, limit);
   uint64_t start = round_up(origin, align);
   bool wrapped = false;
   while (true) {
-    if (start + size > lane.capacity) {
+    if (start + size > limit) {
       if (wrapped) return std::nullopt;
       wrapped = true;
       start = 0;
@@ -64,8 +68,11 @@ std::optional<LaneAllocator::Slot> LaneAllocator::try_allocate(const std::vector
                             std::to_string(lanes_[i].capacity) +
                             " bytes (sized from the first batch); pass a larger ring_bytes");
     }
-    auto at = bytes[i] == 0 ? std::optional<uint64_t>(lanes_[i].head)
-                            : place(lanes_[i], bytes[i], std::max<uint64_t>(align[i], 1));
+    const Lane& lane = lanes_[i];
+    const uint64_t a = std::max<uint64_t>(align[i], 1);
+    auto at = bytes[i] == 0 ? std::optional<uint64_t>(std::min(lane.head, lane.capacity))
+                            : place(lane, bytes[i], a, lane.preferred);
+    if (!at && bytes[i] > 0 && lane.preferred < lane.capacity) at = place(lane, bytes[i], a, lane.capacity);
     if (!at) return std::nullopt;
     rec.starts[i] = *at;
   }

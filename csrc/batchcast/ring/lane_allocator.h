@@ -21,12 +21,16 @@ class LaneAllocator {
     std::vector<uint64_t> offsets;  // absolute byte offsets, one per lane
   };
 
-  // Each capacity is rounded up to a page.
-  explicit LaneAllocator(const std::vector<uint64_t>& lane_capacities);
+  // Each capacity is rounded up to a page. Allocation stays within the first
+  // `preferred_share` of each lane while it fits there, and uses the rest only
+  // when held slots leave no room: memory that is never needed is never touched.
+  explicit LaneAllocator(const std::vector<uint64_t>& lane_capacities, double preferred_share = 1.0);
 
   std::size_t lanes() const { return lanes_.size(); }
   uint64_t total_bytes() const { return total_; }
+  uint64_t lane_base(std::size_t lane) const { return lanes_[lane].base; }
   uint64_t lane_capacity(std::size_t lane) const { return lanes_[lane].capacity; }
+  uint64_t lane_preferred(std::size_t lane) const { return lanes_[lane].preferred; }
 
   // nullopt while no lane position fits; RebatchError when the batch has
   // another number of tensors than the ring's lanes, InvalidArgument if a leaf
@@ -41,6 +45,7 @@ class LaneAllocator {
   struct Lane {
     uint64_t base = 0;
     uint64_t capacity = 0;
+    uint64_t preferred = 0;              // where allocation wraps while it can
     uint64_t head = 0;                   // next position to try, relative to base
     std::map<uint64_t, uint64_t> live;   // [start, end) of slots in use, relative
   };
@@ -48,7 +53,8 @@ class LaneAllocator {
     std::vector<uint64_t> starts;  // relative, per lane
     std::vector<uint64_t> sizes;
   };
-  static std::optional<uint64_t> place(const Lane& lane, uint64_t size, uint64_t align);
+  static std::optional<uint64_t> place(const Lane& lane, uint64_t size, uint64_t align,
+                                       uint64_t limit);
 
   std::vector<Lane> lanes_;
   std::map<uint64_t, Record> slots_;

@@ -29,10 +29,14 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   for (uint64_t b : leaf_bytes) {
     capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * scale));
   }
-  LaneAllocator lanes(capacities);
+  // Batches go to the flow's share of each lane while they fit there; the
+  // room for kept batches is used (and so touched) only when needed.
+  const double flow_share = static_cast<double>(options_.slots + 1) / static_cast<double>(slots);
+  LaneAllocator lanes(capacities, flow_share);
   // Twice as many events as slots: smaller later batches can put more in flight.
   const int events = events_per_slot() * static_cast<int>(2 * slots);
   allocate_memory(std::max<uint64_t>(lanes.total_bytes(), 1), events);  // fills description_
+  for (std::size_t i = 0; i < lanes.lanes(); ++i) prepare(lanes.lane_base(i), lanes.lane_preferred(i));
   lanes_.emplace(std::move(lanes));
   if (events > 0) events_.emplace(events);
 }

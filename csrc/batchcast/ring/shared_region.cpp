@@ -21,10 +21,13 @@ SharedRegion SharedRegion::create(std::size_t bytes, const std::string& label) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd_.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of shared ring", errno);
   r.mapping_ = Mapping(p, bytes);
-  // Fault every page in now: writes into fresh MAP_SHARED pages run ~10x
-  // slower than memcpy. Touching also makes a short tmpfs fail here, not later.
-  std::memset(p, 0, bytes);
   return r;
+}
+
+void SharedRegion::fault_in(std::size_t offset, std::size_t bytes) {
+  if (offset > size() || bytes > size() - offset) throw InvalidArgument("fault_in outside the region");
+  // Touching also makes a short tmpfs fail here (SIGBUS would come later).
+  std::memset(data() + offset, 0, bytes);
 }
 
 SharedRegion SharedRegion::open(long producer_pid, int fd, std::size_t bytes) {

@@ -14,9 +14,11 @@ namespace batchcast {
 // away with the last process that maps it, whatever way that process exits.
 class SharedRegion {
  public:
-  // Producer side: read-write, pages faulted in once here so that writes
-  // later run at memcpy speed.
+  // Producer side: read-write. Pages are faulted in by fault_in(), for the
+  // part that is used from the start: writes into fresh MAP_SHARED pages run
+  // about ten times slower than memcpy.
   static SharedRegion create(std::size_t bytes, const std::string& label);
+  void fault_in(std::size_t offset, std::size_t bytes);
   // Consumer side: reopen the producer's memfd through /proc and map it
   // read-only (batches are shared; writing into one would corrupt the others).
   static SharedRegion open(long producer_pid, int fd, std::size_t bytes);

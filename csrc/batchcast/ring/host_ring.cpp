@@ -2,9 +2,14 @@
 // one memcpy per tensor; consumers map it read-only, once.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "batchcast/common/error.h"
+#include "batchcast/common/threads.h"
 #include "batchcast/ring/ring.h"
 #include "batchcast/ring/shared_region.h"
 
@@ -31,8 +36,25 @@ class HostRing final : public Ring {
     }
   }
 
+  ~HostRing() override {
+    if (prefault_.joinable()) prefault_.join();
+  }
+
  protected:
-  void prepare(uint64_t offset, uint64_t bytes) override { region_->fault_in(offset, bytes); }
+  // Pages are faulted in by a background thread, so the first batch need not
+  // wait for the whole ring; a write that gets to a page first faults it
+  // itself. Where the kernel cannot populate without writing, it is done here,
+  // before any batch is written.
+  void prepare(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) override {
+    if (ranges.empty()) return;
+    if (!region_->populate(ranges.front().first, std::min<uint64_t>(ranges.front().second, 4096))) {
+      for (const auto& [offset, bytes] : ranges) region_->fault_in(offset, bytes);
+      return;
+    }
+    prefault_ = start_background_thread([region = &*region_, ranges] {
+      for (const auto& [offset, bytes] : ranges) region->populate(offset, bytes);
+    });
+  }
 
   void allocate_memory(uint64_t bytes, int) override {
     region_.emplace(SharedRegion::create(bytes, options_.label));
@@ -42,6 +64,7 @@ class HostRing final : public Ring {
 
  private:
   std::optional<SharedRegion> region_;
+  std::thread prefault_;  // declared after region_: joined before it is unmapped
 };
 
 }  // namespace

@@ -36,7 +36,9 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   // Twice as many events as slots: smaller later batches can put more in flight.
   const int events = events_per_slot() * static_cast<int>(2 * slots);
   allocate_memory(std::max<uint64_t>(lanes.total_bytes(), 1), events);  // fills description_
-  for (std::size_t i = 0; i < lanes.lanes(); ++i) prepare(lanes.lane_base(i), lanes.lane_preferred(i));
+  std::vector<std::pair<uint64_t, uint64_t>> used_first;
+  for (std::size_t i = 0; i < lanes.lanes(); ++i) used_first.emplace_back(lanes.lane_base(i), lanes.lane_preferred(i));
+  prepare(used_first);
   lanes_.emplace(std::move(lanes));
   if (events > 0) events_.emplace(events);
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batchcast/common/batch.h"
@@ -85,9 +86,9 @@ class Ring {
   virtual void allocate_memory(uint64_t bytes, int events) = 0;
   // Slot events per slot the ring can hold (0: none, as for host memory).
   virtual int events_per_slot() const { return 0; }
-  // Makes [offset, offset + bytes) ready for writing at full speed (host:
-  // faults its pages in), for the part of the ring that is used from the start.
-  virtual void prepare(uint64_t /*offset*/, uint64_t /*bytes*/) {}
+  // Makes these (offset, bytes) ranges — the part of the ring used from the
+  // start — ready for writing at full speed (host: faults their pages in).
+  virtual void prepare(const std::vector<std::pair<uint64_t, uint64_t>>& /*ranges*/) {}
 
   RingOptions options_;
   protocol::Ring description_;

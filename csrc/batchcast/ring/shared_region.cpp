@@ -24,6 +24,20 @@ SharedRegion SharedRegion::create(std::size_t bytes, const std::string& label) {
   return r;
 }
 
+bool SharedRegion::populate(std::size_t offset, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (offset > size() || bytes > size() - offset) return false;
+  // madvise wants a page-aligned start.
+  const std::size_t page = 4096;
+  const std::size_t start = offset / page * page;
+  return ::madvise(data() + start, bytes + (offset - start), MADV_POPULATE_WRITE) == 0;
+#else
+  (void)offset;
+  (void)bytes;
+  return false;
+#endif
+}
+
 void SharedRegion::fault_in(std::size_t offset, std::size_t bytes) {
   if (offset > size() || bytes > size() - offset) throw InvalidArgument("fault_in outside the region");
   // Touching also makes a short tmpfs fail here (SIGBUS would come later).

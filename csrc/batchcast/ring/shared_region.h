@@ -18,7 +18,11 @@ class SharedRegion {
   // part that is used from the start: writes into fresh MAP_SHARED pages run
   // about ten times slower than memcpy.
   static SharedRegion create(std::size_t bytes, const std::string& label);
+  // By writing zeros: only before anything else is written there.
   void fault_in(std::size_t offset, std::size_t bytes);
+  // Without writing (MADV_POPULATE_WRITE): safe beside concurrent writes.
+  // False where the kernel cannot (before Linux 5.14).
+  bool populate(std::size_t offset, std::size_t bytes);
   // Consumer side: reopen the producer's memfd through /proc and map it
   // read-only (batches are shared; writing into one would corrupt the others).
   static SharedRegion open(long producer_pid, int fd, std::size_t bytes);

@@ -255,6 +255,41 @@ def test_a_closed_consumers_batches_stay_valid_while_the_others_go_on(runtime_di
         b.close()
 
 
+def ring_allocated_bytes(name: str) -> int:
+    """Bytes of memory the kernel holds for the ring named `name` (its memfd,
+    open in this process because the producer runs on a thread here)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"/memfd:batchcast:{name}"):
+                found.append(os.stat(f"/proc/self/fd/{fd}").st_blocks * 512)
+        except OSError:
+            pass  # an fd closed while listing
+    assert len(found) == 1, f"expected one ring memfd for {name!r}, found {len(found)}"
+    return found[0]
+
+
+def test_joining_allocates_none_of_the_ring_the_producer_has_not_used(runtime_dir):
+    # A ring has room for `slots` batches in flight plus `slots` kept ones; the
+    # producer touches the first part as it goes and the room for kept batches
+    # only when needed. A consumer's mapping must not allocate the rest (a
+    # populating mapping of a memfd zero-fills every page, at join: for a
+    # ring of 38 MB images, the whole ring before the first batch).
+    loader = id_batches(4 * 256, 256, width=512)  # 1 MiB of rows per batch
+    with bc.Producer(loader, "lazy", epochs=1, slots=8) as p:
+        with bc.Consumer("lazy", batch_size=256, timeout=10) as c:
+            ids, rows = next(iter(c))
+            assert ids.tolist() == list(range(256))
+            assert rows[255, 511].item() == 2550.0
+            ring = p.stats()["ring_bytes"]
+            assert ring > 16 * 2**20  # 2*8+1 batches of 1 MiB
+            allocated = ring_allocated_bytes("lazy")
+            # The flow's share is 9 of the 17 batches (53%).
+            assert allocated < 0.6 * ring, f"{allocated} of {ring} bytes allocated"
+            del ids, rows
+
+
 def test_a_consumer_done_with_a_finished_producer_lets_go_of_its_ring(runtime_dir):
     # After the last epoch, with its batches freed, a consumer that is still
     # open tells the producer it is done with the ring (a GPU ring may then be

@@ -55,7 +55,7 @@ SharedRegion SharedRegion::open(long producer_pid, int fd, std::size_t bytes) {
   if (actual < 0 || static_cast<std::size_t>(actual) < bytes) {
     throw MalformedMessage("ring at " + path + " is smaller than announced");
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, r.fd_.get(), 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, r.fd_.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of the producer's ring", errno);
   r.mapping_ = Mapping(p, bytes);
   r.mapping_.guard_writes();

@@ -103,6 +103,39 @@ def test_nested_structures_scalars_and_lists_round_trip(runtime_dir):
     assert b["scale"].item() == 0.5 and b["scale"].dim() == 0
 
 
+def test_strided_conjugate_and_negative_views_arrive_as_their_values(runtime_dir):
+    # The producer copies a plain contiguous tensor with one memcpy; anything
+    # else (strides, offsets, lazy conjugate/negative bits) must arrive as the
+    # values the loader's tensor stands for, not its raw memory.
+    g = torch.Generator().manual_seed(3)
+    sent = []
+    for _ in range(3):
+        base = torch.randn(6, 8, generator=g)
+        z = torch.randn(8, 4, dtype=torch.complex64, generator=g)
+        sent.append({
+            "transposed": base.t()[:6],          # strides (1, 8)
+            "stepped": base[:, ::2],             # a gap between elements
+            "offset": base[:, 3:],               # storage offset, rows not contiguous
+            "conj": z.conj()[:6],                # conjugate bit
+            "neg": z.conj().imag[:6],            # negative bit
+            "plain": base + 1,
+        })
+    assert sent[0]["conj"].is_conj() and sent[0]["neg"].is_neg()
+
+    class Loader:
+        def __iter__(self):
+            return iter(sent)
+
+    with bc.Producer(Loader(), "strided", epochs=1):
+        with bc.Consumer("strided", batch_size=6, timeout=10) as consumer:
+            got = [{k: v.clone() for k, v in b.items()} for b in consumer]
+    assert len(got) == 3
+    for want, have in zip(sent, got):
+        for key, tensor in want.items():
+            assert have[key].dtype == tensor.dtype, key
+            assert torch.equal(have[key].resolve_conj().resolve_neg(), tensor.resolve_conj().resolve_neg()), key
+
+
 def test_tensors_stay_valid_after_the_consumer_and_producer_are_gone(runtime_dir):
     producer = bc.Producer(id_batches(64, 8), "keep", epochs=1, slots=2).start()
     consumer = bc.Consumer("keep", batch_size=8)

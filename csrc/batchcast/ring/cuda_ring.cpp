@@ -19,7 +19,7 @@ namespace {
 uint64_t staged_size(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Copied without staging: pinned host memory, laid out as the ring wants it.
-bool direct(const at::Tensor& t) { return t.is_pinned() && t.is_contiguous(); }
+bool direct(const at::Tensor& t) { return t.is_pinned() && plain_bytes(t); }
 
 class CudaRing final : public Ring {
  public:
@@ -80,8 +80,7 @@ class CudaRing final : public Ring {
         sources_[buffer].push_back(*t);  // alive until the copy is done
         direct_copies_ += 1;
       } else {
-        at::from_blob(staged + staged_at, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
-            .copy_(*t);
+        copy_to_host(staged + staged_at, *t);
         memory_->copy_in(staged + staged_at, offset, n);
         staged_at += staged_size(n);
       }

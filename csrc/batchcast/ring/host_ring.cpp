@@ -1,8 +1,10 @@
 // A ring in host shared memory (a memfd): the producer writes each batch with
 // one memcpy per tensor; consumers map it read-only, once.
 #include <ATen/ATen.h>
+#include <c10/util/ParallelGuard.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -31,8 +33,7 @@ class HostRing final : public Ring {
       if (t == nullptr) continue;
       const uint64_t offset = slot.offsets[lane++];
       if (t->numel() == 0) continue;
-      at::from_blob(region_->data() + offset, t->sizes(), at::TensorOptions().dtype(t->scalar_type()))
-          .copy_(*t);
+      copy_to_host(region_->data() + offset, *t);
     }
   }
 
@@ -68,6 +69,19 @@ class HostRing final : public Ring {
 };
 
 }  // namespace
+
+bool plain_bytes(const at::Tensor& t) {
+  return t.layout() == at::kStrided && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
+
+void copy_to_host(std::byte* dst, const at::Tensor& t) {
+  if (t.is_cpu() && plain_bytes(t)) {
+    std::memcpy(dst, t.data_ptr(), t.nbytes());
+    return;
+  }
+  c10::ParallelGuard serial(true);  // at::parallel_for runs inline inside it
+  at::from_blob(dst, t.sizes(), at::TensorOptions().dtype(t.scalar_type())).copy_(t);
+}
 
 std::unique_ptr<Ring> make_host_ring(const RingOptions& options) {
   return std::make_unique<HostRing>(options);

@@ -51,7 +51,10 @@ class Producer:
     ``device="cuda:N"`` copies it once into a ring of GPU memory on that GPU,
     shared with every consumer through CUDA IPC (the loader still returns CPU
     tensors). A GPU ring is freed only after every consumer has let go of it:
-    ``close()`` waits up to ``linger`` seconds for that.
+    ``close()`` waits up to ``linger`` seconds for that. A host ring is
+    reopened by consumers through ``/proc``: once every epoch is served,
+    ``close()`` waits (normally not at all, at most ``linger``) until every
+    consumer told of the ring has mapped it.
     """
 
     def __init__(
@@ -184,7 +187,9 @@ class Producer:
         core, self._core = self._core, None
         if core is not None:
             self._stats = core.stats()
-            core.close()  # a GPU ring: waits (up to linger) for consumers to let go of it
+            # Waits (up to linger) for consumers to let go of a GPU ring, or,
+            # having served everything, to have mapped a host ring.
+            core.close()
 
     def __enter__(self) -> "Producer":
         return self.start() if self._thread is None else self

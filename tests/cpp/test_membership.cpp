@@ -289,6 +289,33 @@ TEST(Membership, AGpuRingIsMappedUntilEveryImporterUnmappedOrDied) {
   EXPECT_EQ(h.m.ring_importers(), (std::vector<int64_t>{12}));
 }
 
+TEST(Membership, AHostRingIsAwaitedUntilEveryConsumerGivenItSaidItMappedIt) {
+  Harness h(with(4));  // a host ring, not created yet
+  h.hello("a", 10);
+  h.hello("b", 11);
+  h.hello("c", 12);
+  EXPECT_TRUE(h.m.ring_unmapped_yet().empty());  // nobody was given a ring
+  protocol::Ring ring;
+  ring.fd = 7;
+  ring.bytes = 4096;
+  h.take(h.m.on_ring(ring));
+  EXPECT_EQ(h.m.ring_unmapped_yet(), (std::vector<int64_t>{10, 11, 12}));
+  h.say("a", protocol::Mapped{});
+  EXPECT_EQ(h.m.ring_unmapped_yet(), (std::vector<int64_t>{11, 12}));
+  h.say("b", protocol::Bye{});  // leaving: owed nothing more
+  EXPECT_EQ(h.m.ring_unmapped_yet(), (std::vector<int64_t>{12}));
+  h.dead.insert(12);
+  h.sweep();
+  EXPECT_TRUE(h.m.ring_unmapped_yet().empty());
+  h.hello("d", 13);  // given the ring in its Welcome
+  EXPECT_EQ(h.m.ring_unmapped_yet(), (std::vector<int64_t>{13}));
+  h.say("d", protocol::Mapped{});
+  h.say("d", protocol::Mapped{});  // said twice: harmless
+  EXPECT_TRUE(h.m.ring_unmapped_yet().empty());
+  EXPECT_EQ(h.m.counters().dropped_messages, 0);
+  EXPECT_TRUE(h.m.ring_importers().empty());  // a host ring has no GPU importers
+}
+
 TEST(Membership, AConsumerJoiningAFinishedProducerIsToldAtOnce) {
   Harness h;
   h.begin(0);

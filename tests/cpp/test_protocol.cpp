@@ -81,7 +81,8 @@ TEST(Protocol, EveryKindRoundTrips) {
                               protocol::Evicted{"too slow"},
                               Unmapped{},
                               StatusRequest{},
-                              protocol::Status{R"({"name":"imagenet","consumers":[]})"}};
+                              protocol::Status{R"({"name":"imagenet","consumers":[]})"},
+                              Mapped{}};
   ASSERT_EQ(all.size(), std::variant_size_v<Message> + 1);  // every kind (RingReady twice)
   for (const auto& m : all) {
     auto bytes = encode(m);

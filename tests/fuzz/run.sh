@@ -13,7 +13,7 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 python3 - "$out/corpus" <<'PY'
 import struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-VERSION = 3  # protocol::kVersion
+VERSION = 4  # protocol::kVersion
 head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
 host_ring = struct.pack("<iQB", 5, 4096, 0)
@@ -37,6 +37,7 @@ seeds = {
     "unmapped": head(13),
     "status-request": head(14),
     "status": head(15) + text(b'{"name":"x"}'),
+    "mapped": head(16),
 }
 for k, v in seeds.items():
     (d / k).write_bytes(v)

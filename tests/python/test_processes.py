@@ -69,6 +69,42 @@ def test_structures_with_per_sample_lists_are_rebatched(procs, name, kind):
     assert r["epochs"] == [list(range(50))]
 
 
+def test_a_finished_producer_keeps_its_ring_open_until_every_consumer_mapped_it(procs, name, caplog, tmp_path):
+    # Consumers reopen a host ring through /proc/<producer pid>/fd. A consumer
+    # slower to take in the ring than the producer to serve the whole run
+    # (here: stopped by a signal right after joining) must still get every
+    # sample: the finished producer keeps the ring open until it has mapped it.
+    import logging
+    import threading
+
+    import batchcast as bc
+    from workers import sample_ids
+
+    caplog.set_level(logging.INFO, logger="batchcast")
+    ready = tmp_path / "a.ready"
+    a = procs.start("consume", name, "--batch-size", "5", "--check-values", "--ready", str(ready),
+                    out="a.json")
+    p = bc.Producer(DataLoader(IdDataset(50), batch_size=8), name, epochs=1, min_consumers=2).start()
+    eventually(ready.exists, "consumer a to join")
+    os.kill(a.pid, signal.SIGSTOP)  # the ring does not exist yet: loading waits for a second consumer
+    try:
+        with bc.Consumer(name, batch_size=5, timeout=30) as b:
+            assert [i for batch in b for i in sample_ids(batch)] == list(range(50))
+        eventually(lambda: not p._thread.is_alive(), "the producer to serve its one epoch")
+        closer = threading.Thread(target=p.stop)
+        closer.start()
+        eventually(lambda: f"waits for consumer pid(s) {a.pid} to map its ring" in caplog.text,
+                   "the producer to wait for consumer a")
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    closer.join(30)
+    assert not closer.is_alive()
+    procs.wait_all()
+    r = procs.result("a.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [list(range(50))]
+
+
 def test_loader_exception_reaches_consumers_with_its_message(procs, name):
     p = procs.start("produce", name, "--samples", "100", "--loader-batch", "10", "--fail-at", "55")
     procs.start("consume", name, "--batch-size", "10", out="c.json")

@@ -324,10 +324,18 @@ void Channel::accept(protocol::Message m) {
 
 // Under mu_.
 void Channel::open_ring(const protocol::Ring& ring) {
-  ring_ = MappedRing::open(
-      ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
+  try {
+    ring_ = MappedRing::open(
+        ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
+  } catch (const SystemError&) {
+    if (process_alive(welcome_->producer_pid)) throw;
+    throw ProducerLost("producer pid " + std::to_string(welcome_->producer_pid) +
+                       " exited before this consumer could map its ring (a finished producer waits "
+                       "`linger` seconds for that); the batches it sent are lost");
+  }
   memory_opens_ += ring_->ipc_memory_opens();  // kept after the mapping is closed
   event_opens_ += ring_->ipc_event_opens();
+  outbox_.push_back(protocol::Mapped{});  // a finished producer may be waiting for it
 }
 
 // Under mu_.

@@ -32,6 +32,14 @@ int32_t Membership::pin_budget() const {
   return static_cast<int32_t>(std::max<int64_t>(0, options_.slots / n - 4));
 }
 
+std::vector<int64_t> Membership::ring_unmapped_yet() const {
+  std::vector<int64_t> pids;
+  for (const auto& [peer, m] : members_) {
+    if (m.unread_ring && !m.leaving) pids.push_back(m.pid);
+  }
+  return pids;
+}
+
 std::vector<int64_t> Membership::ring_importers() const {
   std::vector<int64_t> pids;
   for (const auto& [peer, m] : members_) {
@@ -115,7 +123,7 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
   if (member == members_.end()) {
     // Late words of a consumer already forgotten are expected; anything else is not.
     if (!std::holds_alternative<protocol::Release>(msg) && !std::holds_alternative<protocol::Bye>(msg) &&
-        !std::holds_alternative<protocol::Unmapped>(msg)) {
+        !std::holds_alternative<protocol::Unmapped>(msg) && !std::holds_alternative<protocol::Mapped>(msg)) {
       counters_.dropped_messages += 1;
     }
     return out;
@@ -135,6 +143,11 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
       report(out, Report::Level::Info, who(m) + " left");
     }
     forget_if_done(peer, out);
+  } else if (std::holds_alternative<protocol::Mapped>(msg)) {
+    if (m.unread_ring) {
+      m.unread_ring = false;
+      out.members_changed = true;  // a closing producer may be waiting for this
+    }
   } else if (std::holds_alternative<protocol::Unmapped>(msg)) {
     // It references nothing: what it still holds are announcements it never took.
     if (!m.leaving) {
@@ -172,6 +185,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
                " batches (catch_up_window); it starts at epoch " + std::to_string(m.first_epoch));
   }
   m.mapped = options_.ring.on_gpu() && options_.ring.exists();
+  m.unread_ring = options_.ring.exists();
   auto& member = members_.emplace(peer, m).first->second;
   counters_.joins += 1;
   out.members_changed = true;
@@ -249,6 +263,7 @@ Actions Membership::on_ring(const protocol::Ring& ring) {
   options_.ring = ring;
   for (auto& [peer, m] : members_) {
     if (!m.leaving && ring.on_gpu()) m.mapped = true;
+    if (!m.leaving) m.unread_ring = true;
   }
   broadcast(out, protocol::RingReady{ring});
   return out;

@@ -118,6 +118,9 @@ class Membership {
   // Processes that may still map the ring (GPU: it may be freed only after
   // each of them has unmapped it or exited).
   std::vector<int64_t> ring_importers() const;
+  // Consumers (not leaving) given the ring that have not said they mapped it:
+  // a host ring must stay open to them (they reopen it through /proc).
+  std::vector<int64_t> ring_unmapped_yet() const;
   std::vector<ConsumerInfo> consumers() const;
   const MembershipCounters& counters() const { return counters_; }
   int32_t pin_budget() const;
@@ -134,6 +137,7 @@ class Membership {
     uint64_t released_upto = 0;  // highest slot it released: held slots below it are kept
     bool leaving = false;
     bool mapped = false;         // was given a GPU ring it has not said it unmapped
+    bool unread_ring = false;    // was given the ring and has not said it mapped it
   };
   struct Hold {
     std::set<std::string> holders;

@@ -104,8 +104,10 @@ void Producer::close() {
   if (closed_) return;
   closed_ = true;
   stop();
+  bool served = false;  // every epoch, or the loader's error, went out: consumers are owed them
   {
     std::unique_lock<std::mutex> lock(mu_);
+    served = finished_ || loader_failed_;
     // Whatever way this producer ends, its consumers hear of it: mid-epoch they
     // raise ProducerLost instead of waiting on a live process forever.
     if (!finished_) {
@@ -115,7 +117,12 @@ void Producer::close() {
     }
     drained_.wait(lock, [&] { return publishing_ == 0; });  // stop() ended every wait
   }
-  if (ring_->unmap_before_free()) await_unmapped();
+  std::exception_ptr interrupted;
+  if (ring_->unmap_before_free()) {
+    await_unmapped();
+  } else if (served) {
+    interrupted = await_mapped();
+  }
   quit_io_ = true;
   wakeup_.notify();
   if (io_.joinable()) io_.join();
@@ -124,6 +131,66 @@ void Producer::close() {
   router_.close();
   context_.close();
   lock_.reset();  // the name is free again
+  if (interrupted) std::rethrow_exception(interrupted);
+}
+
+// Consumers reopen a host ring through /proc/<this pid>/fd, so a producer that
+// has served its last batch keeps the ring's file open until every consumer
+// given the ring has mapped it (or left, or died), at most `linger` seconds:
+// else a consumer slower to take its first batch than the producer to serve
+// the rest would lose everything. Normally no wait: a consumer maps the ring
+// within 0.1 s of being told of it. An interrupt (Ctrl-C) ends the wait; it is
+// raised once the producer is closed.
+std::exception_ptr Producer::await_mapped() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // The membership learns whom the ring was sent to as the I/O thread hands
+  // it the stream (the ring, the batches, the end): first let it catch up.
+  drained_.wait_for(lock, std::chrono::seconds(5), [&] { return stream_.empty() || io_error_ != nullptr; });
+  auto pid_list = [&] {
+    std::string list;
+    for (int64_t pid : membership_.ring_unmapped_yet()) list += (list.empty() ? "" : ", ") + std::to_string(pid);
+    return list;
+  };
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.linger));
+  const auto started = Clock::now();
+  auto last_interrupt = started;
+  bool told = false;
+  while (!membership_.ring_unmapped_yet().empty() && !io_error_) {
+    if (Clock::now() >= deadline) {
+      Report r{Report::Level::Warning, "Linger",
+               "producer '" + options_.name + "': closing its ring after " +
+                   std::to_string(static_cast<int>(options_.linger)) +
+                   " s (linger) although consumer pid(s) " + pid_list() +
+                   " never mapped it; they cannot read the batches they were sent. Keep consumers "
+                   "iterating (or closed) until the producer ends, or raise linger"};
+      lock.unlock();
+      tell(r);
+      return nullptr;
+    }
+    if (!told && Clock::now() - started >= kWaitSlice) {  // more than the usual moment
+      told = true;
+      Report r{Report::Level::Notice, {},
+               "producer '" + options_.name + "' has served everything and waits for consumer pid(s) " +
+                   pid_list() + " to map its ring before closing it (at most " +
+                   std::to_string(static_cast<int>(options_.linger)) + " s)"};
+      lock.unlock();
+      tell(r);
+      lock.lock();
+    }
+    members_.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice));
+    if (options_.interrupt && Clock::now() - last_interrupt >= kWaitSlice) {
+      last_interrupt = Clock::now();
+      lock.unlock();
+      try {
+        options_.interrupt();
+      } catch (...) {
+        return std::current_exception();
+      }
+      lock.lock();
+    }
+  }
+  return nullptr;
 }
 
 // Freeing GPU memory that another process still maps is undefined behaviour
@@ -312,6 +379,7 @@ void Producer::end_epoch() {
 void Producer::fail(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
   stream_.push_back(protocol::LoaderFailed{std::max<int64_t>(epoch_, 0), message});
+  loader_failed_ = true;
   wakeup_.notify();
 }
 

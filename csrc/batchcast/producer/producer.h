@@ -201,6 +201,7 @@ class Producer {
   void enqueue(StreamItem item);
   void rethrow_io_error() const;  // under mu_
   void await_unmapped();
+  std::exception_ptr await_mapped();
 
   // The I/O thread.
   void serve();
@@ -236,6 +237,7 @@ class Producer {
   std::optional<Clock::time_point> last_publish_end_;  // within an epoch
   bool stopping_ = false;
   bool finished_ = false;  // Finished was queued
+  bool loader_failed_ = false;  // fail() was called: consumers are owed the LoaderFailed
   std::exception_ptr io_error_;
   ProducerStats stats_;
   std::atomic<bool> quit_io_{false};

@@ -348,6 +348,9 @@ Message decode(const void* data, std::size_t size) {
     case Kind::Unmapped:
       out = Unmapped{};
       break;
+    case Kind::Mapped:
+      out = Mapped{};
+      break;
     case Kind::StatusRequest:
       out = StatusRequest{};
       break;
@@ -366,7 +369,7 @@ const char* kind_name(const Message& message) {
                                            "Announcement", "EpochEnd", "LoaderFailed",
                                            "Finished", "Heartbeat",    "Release", "Bye",
                                            "RingReady", "Evicted", "Unmapped", "StatusRequest",
-                                           "Status"};
+                                           "Status", "Mapped"};
   return kNames[message.index()];
 }
 

@@ -15,7 +15,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 3;
+constexpr uint16_t kVersion = 4;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -44,6 +44,7 @@ enum class Kind : uint16_t {
   Unmapped = 13,
   StatusRequest = 14,
   Status = 15,
+  Mapped = 16,
 };
 
 enum class DType : uint8_t {
@@ -167,6 +168,12 @@ struct Bye {};
 // mapping of the ring (a GPU ring may be freed only after every importer did).
 struct Unmapped {};
 
+// Consumer -> producer: this process has mapped the ring it was given. A
+// producer that has served its last batch keeps the ring's file open until
+// every consumer given the ring has mapped it (or left, or died, or linger ran
+// out): a host ring is reopened through /proc/<producer pid>/fd.
+struct Mapped {};
+
 // Producer -> consumer: the ring exists now (it is sized from the first batch).
 struct RingReady {
   Ring ring;
@@ -188,7 +195,7 @@ struct Status {
 
 using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
                              Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped,
-                             StatusRequest, Status>;
+                             StatusRequest, Status, Mapped>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {

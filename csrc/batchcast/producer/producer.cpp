@@ -142,44 +142,84 @@ void Producer::close() {
 // within 0.1 s of being told of it. An interrupt (Ctrl-C) ends the wait; it is
 // raised once the producer is closed.
 std::exception_ptr Producer::await_mapped() {
+  {
+    // The membership learns whom the ring was sent to as the I/O thread hands
+    // it the stream (the ring, the batches, the end): first let it catch up.
+    std::unique_lock<std::mutex> lock(mu_);
+    drained_.wait_for(lock, std::chrono::seconds(5), [&] { return stream_.empty() || io_error_ != nullptr; });
+  }
+  return await_consumers(
+      [this] { return membership_.ring_unmapped_yet(); }, kWaitSlice,
+      [this](const std::string& pids) {
+        return "producer '" + options_.name + "' has served everything and waits for consumer pid(s) " + pids +
+               " to map its ring before closing it (at most " + std::to_string(static_cast<int>(options_.linger)) +
+               " s)";
+      },
+      [this](const std::string& pids) {
+        return "producer '" + options_.name + "': closing its ring after " +
+               std::to_string(static_cast<int>(options_.linger)) + " s (linger) although consumer pid(s) " + pids +
+               " never mapped it; they cannot read the batches they were sent. Keep consumers iterating (or "
+               "closed) until the producer ends, or raise linger";
+      },
+      /*interruptible=*/true);
+}
+
+// Freeing GPU memory that another process still maps is undefined behaviour
+// in CUDA IPC, so such a ring outlives its producer object until every
+// consumer that was given it has unmapped it or exited (not interruptible).
+void Producer::await_unmapped() {
+  await_consumers(
+      [this] { return membership_.ring_importers(); }, Clock::duration::zero(),
+      [this](const std::string& pids) {
+        return "producer '" + options_.name + "' is waiting for consumer pid(s) " + pids +
+               " to free the batches they hold before freeing its GPU ring (at most " +
+               std::to_string(static_cast<int>(options_.linger)) + " s)";
+      },
+      [this](const std::string& pids) {
+        return "producer '" + options_.name + "': freeing its GPU ring after " +
+               std::to_string(static_cast<int>(options_.linger)) + " s (linger) although consumer pid(s) " + pids +
+               " still map it; their batches are no longer valid. Let consumers drop their batches before the "
+               "producer ends, or raise linger";
+      },
+      /*interruptible=*/false);
+}
+
+// Waits, at most `linger`, until `pending()` (consumer pids, under mu_) is
+// empty: says whom it waits for once the wait is longer than `notice_after`,
+// and warns (Linger) when it gives up. An interrupt ends an interruptible wait
+// and is returned.
+std::exception_ptr Producer::await_consumers(const std::function<std::vector<int64_t>()>& pending,
+                                             Clock::duration notice_after,
+                                             const std::function<std::string(const std::string&)>& notice,
+                                             const std::function<std::string(const std::string&)>& warning,
+                                             bool interruptible) {
   std::unique_lock<std::mutex> lock(mu_);
-  // The membership learns whom the ring was sent to as the I/O thread hands
-  // it the stream (the ring, the batches, the end): first let it catch up.
-  drained_.wait_for(lock, std::chrono::seconds(5), [&] { return stream_.empty() || io_error_ != nullptr; });
   auto pid_list = [&] {
     std::string list;
-    for (int64_t pid : membership_.ring_unmapped_yet()) list += (list.empty() ? "" : ", ") + std::to_string(pid);
+    for (int64_t pid : pending()) list += (list.empty() ? "" : ", ") + std::to_string(pid);
     return list;
   };
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.linger));
   const auto started = Clock::now();
+  const auto deadline = started + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(options_.linger));
   auto last_interrupt = started;
   bool told = false;
-  while (!membership_.ring_unmapped_yet().empty() && !io_error_) {
+  while (!pending().empty() && !io_error_) {
     if (Clock::now() >= deadline) {
-      Report r{Report::Level::Warning, "Linger",
-               "producer '" + options_.name + "': closing its ring after " +
-                   std::to_string(static_cast<int>(options_.linger)) +
-                   " s (linger) although consumer pid(s) " + pid_list() +
-                   " never mapped it; they cannot read the batches they were sent. Keep consumers "
-                   "iterating (or closed) until the producer ends, or raise linger"};
+      Report r{Report::Level::Warning, "Linger", warning(pid_list())};
       lock.unlock();
       tell(r);
       return nullptr;
     }
-    if (!told && Clock::now() - started >= kWaitSlice) {  // more than the usual moment
+    if (!told && Clock::now() - started >= notice_after) {
       told = true;
-      Report r{Report::Level::Notice, {},
-               "producer '" + options_.name + "' has served everything and waits for consumer pid(s) " +
-                   pid_list() + " to map its ring before closing it (at most " +
-                   std::to_string(static_cast<int>(options_.linger)) + " s)"};
+      Report r{Report::Level::Notice, {}, notice(pid_list())};
       lock.unlock();
       tell(r);
       lock.lock();
     }
     members_.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice));
-    if (options_.interrupt && Clock::now() - last_interrupt >= kWaitSlice) {
+    if (interruptible && options_.interrupt && Clock::now() - last_interrupt >= kWaitSlice) {
       last_interrupt = Clock::now();
       lock.unlock();
       try {
@@ -191,45 +231,6 @@ std::exception_ptr Producer::await_mapped() {
     }
   }
   return nullptr;
-}
-
-// Freeing GPU memory that another process still maps is undefined behaviour
-// in CUDA IPC, so such a ring outlives its producer object until every
-// consumer that was given it has unmapped it or exited.
-void Producer::await_unmapped() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.linger));
-  auto pid_list = [&] {
-    std::string list;
-    for (int64_t pid : membership_.ring_importers()) list += (list.empty() ? "" : ", ") + std::to_string(pid);
-    return list;
-  };
-  bool told = false;
-  while (!membership_.ring_importers().empty() && !io_error_) {
-    if (Clock::now() >= deadline) {
-      Report r{Report::Level::Warning, "Linger",
-               "producer '" + options_.name + "': freeing its GPU ring after " +
-                   std::to_string(static_cast<int>(options_.linger)) +
-                   " s (linger) although consumer pid(s) " + pid_list() +
-                   " still map it; their batches are no longer valid. Let consumers drop their "
-                   "batches before the producer ends, or raise linger"};
-      lock.unlock();
-      tell(r);
-      return;
-    }
-    if (!told) {
-      told = true;
-      Report r{Report::Level::Notice, {},
-               "producer '" + options_.name + "' is waiting for consumer pid(s) " + pid_list() +
-                   " to free the batches they hold before freeing its GPU ring (at most " +
-                   std::to_string(static_cast<int>(options_.linger)) + " s)"};
-      lock.unlock();
-      tell(r);
-      lock.lock();
-    }
-    members_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
-  }
 }
 
 bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {

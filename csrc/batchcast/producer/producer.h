@@ -202,6 +202,11 @@ class Producer {
   void rethrow_io_error() const;  // under mu_
   void await_unmapped();
   std::exception_ptr await_mapped();
+  std::exception_ptr await_consumers(const std::function<std::vector<int64_t>()>& pending,
+                                     Clock::duration notice_after,
+                                     const std::function<std::string(const std::string&)>& notice,
+                                     const std::function<std::string(const std::string&)>& warning,
+                                     bool interruptible);
 
   // The I/O thread.
   void serve();

@@ -19,7 +19,7 @@ namespace {
 
 struct CountingSink : ReleaseSink {
   std::multiset<uint64_t> released;
-  void release(uint64_t seq, const std::optional<c10::Stream>&) noexcept override { released.insert(seq); }
+  void release(uint64_t seq, const std::optional<cuda::StreamRef>&) noexcept override { released.insert(seq); }
 };
 
 // A fake ring of int64 sample ids: loader batch k holds ids [start, start+n)

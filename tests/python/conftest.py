@@ -40,14 +40,18 @@ class Procs:
         self.procs: list[subprocess.Popen] = []
         self._files: dict[int, tuple[Path, Path]] = {}
 
-    def start(self, role: str, name: str, *flags: str, out: str | None = None) -> subprocess.Popen:
-        cmd = [sys.executable, str(HERE / "workers.py"), role, name, *flags]
+    def start(self, role: str, name: str, *flags, out: str | None = None, script: str = "workers.py",
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Runs `script` (beside this file) with ROLE NAME FLAGS; `env` adds to
+        the environment."""
+        cmd = [sys.executable, str(HERE / script), role, name, *map(str, flags)]
         if out is not None:
             cmd += ["--out", str(self.tmp / out)]
         k = len(self._files)
         paths = (self.tmp / f"{role}{k}.stdout", self.tmp / f"{role}{k}.stderr")
         with open(paths[0], "w") as stdout, open(paths[1], "w") as stderr:
-            p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True)
+            p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True,
+                                 env={**os.environ, **env} if env else None)
         self._files[p.pid] = paths
         self.procs.append(p)
         return p

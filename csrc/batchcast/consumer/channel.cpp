@@ -189,7 +189,7 @@ void Channel::send_outbox() {
   for (const auto& m : out) transport::try_send(dealer_, {protocol::encode(m)});
 }
 
-void Channel::release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept {
+void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept {
   MappedRing* ring = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -94,7 +94,7 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   void leave();
 
   // ReleaseSink: the last token over `seq` died (any thread). Never throws.
-  void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override;
+  void release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept override;
 
   Phase phase() const;
   ChannelStats stats() const;

@@ -59,11 +59,17 @@ void Consumer::place(const protocol::Ring& ring) {
     device_ = c10::kCPU;
     return;
   }
-  if (!at::hasCUDA()) {
+  if (!cuda::simulating() && !at::hasCUDA()) {
     throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                     " but the torch in this process has no CUDA support; install a CUDA build of "
                     "torch here");
   }
+  // Tensors on a GPU; on the simulated device (tests), whose memory is host
+  // memory, CPU tensors.
+  auto gpu = [](int index) {
+    return cuda::simulating() ? c10::Device(c10::kCPU)
+                             : c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+  };
   const int ring_device = cuda::visible_device(ring.gpu_uuid);
   ring_device_ = ring_device;
   if (want == Placement::Host) {
@@ -71,11 +77,11 @@ void Consumer::place(const protocol::Ring& ring) {
     device_ = c10::kCPU;
   } else if (want == Placement::Auto || options_.cuda_device == ring_device) {
     transfer_ = Transfer::View;
-    device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ring_device));
+    device_ = gpu(ring_device);
   } else {
     transfer_ = cuda::can_access_peer(options_.cuda_device, ring_device) ? Transfer::Peer
                                                                          : Transfer::HostStaged;
-    device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(options_.cuda_device));
+    device_ = gpu(options_.cuda_device);
   }
 }
 

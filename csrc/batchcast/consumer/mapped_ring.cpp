@@ -6,6 +6,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "batchcast/common/error.h"
+#include "batchcast/cuda/runtime.h"
+#include "batchcast/cuda/simulated_runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/ring/shared_region.h"
 
@@ -21,22 +23,31 @@ class HostMapping final : public MappedRing {
   }
 
   c10::Device device() const override { return c10::kCPU; }
-  std::optional<c10::Stream> ready(int32_t) override { return std::nullopt; }
-  void release(uint64_t seq, const std::optional<c10::Stream>&) noexcept override { released_(seq); }
+  std::optional<cuda::StreamRef> ready(int32_t) override { return std::nullopt; }
+  void release(uint64_t seq, const std::optional<cuda::StreamRef>&) noexcept override { released_(seq); }
 
  private:
   SharedRegion region_;
   Released released_;
 };
 
-// Every torch call on the GPU runs inside a cuda::DeviceScope of the ring's
-// device: torch's guards then switch nothing, so they never create a context
-// on another GPU, and the caller's thread is left as it was.
+// The stream a consumer's batches are used on: torch's current stream of the
+// device on a GPU; the thread's current stream on the simulated device.
+cuda::Stream current_stream(int device) {
+  if (cuda::simulating()) return cuda::simulated::current_stream();
+  c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
+  return gpu.getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
+      .native_handle();
+}
+
+// Every call on the GPU runs inside a cuda::DeviceScope of the ring's device:
+// torch's guards then switch nothing, so they never create a context on
+// another GPU, and the caller's thread is left as it was.
 class CudaMapping final : public MappedRing {
  public:
   CudaMapping(const protocol::Ring& ring, Released released, ReleaseAfter after)
       : released_(std::move(released)), after_(after) {
-    if (!at::hasCUDA()) {
+    if (!cuda::simulating() && !at::hasCUDA()) {
       throw CudaError("the producer serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                       " but the torch in this process has no CUDA support; install a CUDA build "
                       "of torch here");
@@ -55,22 +66,24 @@ class CudaMapping final : public MappedRing {
     memory_.reset();
   }
 
+  // The simulated device's memory is host memory: CPU tensors.
   c10::Device device() const override {
+    if (cuda::simulating()) return c10::kCPU;
     return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(memory_->device()));
   }
   int events() const override { return memory_->events(); }
 
-  std::optional<c10::Stream> ready(int32_t event) override {
-    cuda::DeviceScope scope(memory_->device());
-    c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
-    const c10::Stream stream = gpu.getStream(device());
-    gpu.block(memory_->event(event), stream);
-    return stream;
+  std::optional<cuda::StreamRef> ready(int32_t event) override {
+    const int device = memory_->device();
+    cuda::DeviceScope scope(device);
+    const cuda::Stream stream = current_stream(device);
+    cuda::runtime().stream_wait(stream, memory_->event(event));
+    return cuda::StreamRef{device, stream};
   }
 
   // The slot was used on `stream` (current when it was taken) and maybe since
   // on the stream current here (a prefetching pattern): cover both.
-  void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept override {
+  void release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept override {
     if (!stream) {
       released_(seq);
       return;
@@ -80,18 +93,18 @@ class CudaMapping final : public MappedRing {
       return;
     }
     void* event = nullptr;
-    c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
     try {
-      cuda::DeviceScope scope(memory_->device());
+      cuda::DeviceScope scope(stream->device);
+      cuda::Runtime& rt = cuda::runtime();
       event = waiter_->acquire();
-      const c10::Stream current = gpu.getStream(stream->device());
-      if (current != *stream) {
+      const cuda::Stream current = current_stream(stream->device);
+      if (current != stream->stream) {
         void* first = waiter_->acquire();
-        gpu.record(&first, *stream, stream->device_index(), c10::EventFlag::PYTORCH_DEFAULT);
-        gpu.block(first, current);
+        rt.event_record(first, stream->stream);
+        rt.stream_wait(current, first);
         waiter_->discard(first);  // re-recording it later cannot affect this wait
       }
-      gpu.record(&event, current, current.device_index(), c10::EventFlag::PYTORCH_DEFAULT);
+      rt.event_record(event, current);
       waiter_->add(seq, event);
       return;
     } catch (...) {
@@ -99,8 +112,8 @@ class CudaMapping final : public MappedRing {
       // still can, rather than hand back memory the GPU may still read.
       if (event != nullptr) waiter_->discard(event);
       try {
-        cuda::DeviceScope scope(memory_->device(), /*checked=*/false);
-        gpu.synchronizeStream(*stream);
+        cuda::DeviceScope scope(stream->device, /*checked=*/false);
+        cuda::runtime().stream_synchronize(stream->stream);
       } catch (...) {
       }
     }

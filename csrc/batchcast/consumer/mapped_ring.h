@@ -6,7 +6,6 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <c10/core/Stream.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +13,7 @@
 #include <memory>
 #include <optional>
 
+#include "batchcast/cuda/runtime.h"
 #include "batchcast/protocol/message.h"
 
 namespace batchcast {
@@ -45,10 +45,10 @@ class MappedRing {
 
   // Before reading a slot: for GPU memory the current stream of the ring's
   // device waits on the slot's event (no device sync); returns that stream.
-  virtual std::optional<c10::Stream> ready(int32_t event) = 0;
+  virtual std::optional<cuda::StreamRef> ready(int32_t event) = 0;
   // The slot is no longer referenced in this process; it was used on
   // `stream` (GPU). Calls `released(seq)` once it may be reused. Never throws.
-  virtual void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept = 0;
+  virtual void release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept = 0;
   // Releases still waiting for the GPU.
   virtual int64_t releases_in_flight() const { return 0; }
 

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <deque>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "batchcast/common/batch.h"
+#include "batchcast/cuda/runtime.h"
 #include "batchcast/protocol/message.h"
 
 namespace batchcast {
@@ -25,7 +25,7 @@ namespace batchcast {
 class ReleaseSink {
  public:
   virtual ~ReleaseSink() = default;
-  virtual void release(uint64_t seq, const std::optional<c10::Stream>& stream) noexcept = 0;
+  virtual void release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept = 0;
 };
 
 // Held by every tensor viewing a slot (through its deleter) and by the
@@ -33,19 +33,19 @@ class ReleaseSink {
 class ReleaseToken {
  public:
   ReleaseToken(uint64_t seq, std::shared_ptr<ReleaseSink> sink,
-               std::optional<c10::Stream> stream = std::nullopt)
+               std::optional<cuda::StreamRef> stream = std::nullopt)
       : seq_(seq), sink_(std::move(sink)), stream_(stream) {}
   ReleaseToken(const ReleaseToken&) = delete;
   ReleaseToken& operator=(const ReleaseToken&) = delete;
   ~ReleaseToken() { sink_->release(seq_, stream_); }
   uint64_t seq() const { return seq_; }
   // The GPU stream the slot's memory is used on (set before it is used).
-  void set_stream(const c10::Stream& stream) { stream_ = stream; }
+  void set_stream(const cuda::StreamRef& stream) { stream_ = stream; }
 
  private:
   uint64_t seq_;
   std::shared_ptr<ReleaseSink> sink_;
-  std::optional<c10::Stream> stream_;
+  std::optional<cuda::StreamRef> stream_;
 };
 
 // One announced loader batch whose tensors live at `base` + leaf offsets in

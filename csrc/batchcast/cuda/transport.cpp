@@ -1,7 +1,8 @@
+// The CUDA transport's rules, written against cuda::Runtime (runtime.h): the
+// same code runs on a GPU and on the simulated device of the tests.
 #include "batchcast/cuda/transport.h"
 
-#include <cuda_runtime.h>
-
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -12,85 +13,22 @@
 #include <vector>
 
 #include "batchcast/common/threads.h"
+#include "batchcast/cuda/runtime.h"
 
 namespace batchcast::cuda {
-namespace {
-
-void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error state for the next call
-    throw CudaError(std::string("batchcast: ") + call + " failed: " + cudaGetErrorName(status) +
-                    " (" + cudaGetErrorString(status) + ")");
-  }
-}
-
-// The driver's current context of the calling thread, saved and restored as
-// it was (including "none"), through entry points the runtime hands out: this
-// file links the runtime only.
-using CUcontext = void*;
-struct ContextCalls {
-  int (*get)(CUcontext*) = nullptr;                 // cuCtxGetCurrent
-  int (*set)(CUcontext) = nullptr;                  // cuCtxSetCurrent
-  int (*device)(int*, int) = nullptr;               // cuDeviceGet
-  int (*retain_primary)(CUcontext*, int) = nullptr;  // cuDevicePrimaryCtxRetain
-  bool usable() const { return get && set && device && retain_primary; }
-};
-
-const ContextCalls& context_calls() {
-  static const ContextCalls calls = [] {
-    ContextCalls c;
-    auto find = [](const char* name) -> void* {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return nullptr;
-      }
-      return fn;
-    };
-    c.get = reinterpret_cast<int (*)(CUcontext*)>(find("cuCtxGetCurrent"));
-    c.set = reinterpret_cast<int (*)(CUcontext)>(find("cuCtxSetCurrent"));
-    c.device = reinterpret_cast<int (*)(int*, int)>(find("cuDeviceGet"));
-    c.retain_primary = reinterpret_cast<int (*)(CUcontext*, int)>(find("cuDevicePrimaryCtxRetain"));
-    return c;
-  }();
-  return calls;
-}
-
-// The primary context of `device` (the one the runtime and torch use),
-// retained once for the life of the process; nullptr if the driver refuses.
-CUcontext primary_context(int device) {
-  static std::mutex mu;
-  static std::vector<CUcontext> contexts;
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0) return nullptr;
-  if (static_cast<std::size_t>(device) >= contexts.size()) contexts.resize(device + 1, nullptr);
-  if (contexts[device] == nullptr) {
-    const ContextCalls& calls = context_calls();
-    int handle = 0;
-    CUcontext ctx = nullptr;
-    if (calls.device(&handle, device) == 0 && calls.retain_primary(&ctx, handle) == 0) {
-      contexts[device] = ctx;
-    }
-  }
-  return contexts[device];
-}
-
-}  // namespace
 
 // Switches by making the device's primary context current, never with
 // cudaSetDevice: that would also change the runtime's remembered device for
 // the thread (torch.cuda.current_device()), which a thread without a current
-// context keeps. Without the driver entry points it falls back to
+// context keeps. Without the driver's context calls it falls back to
 // cudaSetDevice and restores only the context.
 DeviceScope::DeviceScope(int device, bool checked) {
-  const ContextCalls& calls = context_calls();
-  if (calls.usable() && calls.get(&previous_) == 0) {
-    CUcontext target = primary_context(device);
+  Runtime& rt = runtime();
+  if (rt.context_switching() && rt.current_context(&previous_)) {
+    void* target = rt.primary_context(device);
     if (target != nullptr) {
       if (target != previous_) {
-        if (calls.set(target) == 0) {
+        if (rt.set_current_context(target)) {
           saved_ = true;
         } else if (checked) {
           throw CudaError("batchcast: cannot make cuda:" + std::to_string(device) + "'s context current");
@@ -99,18 +37,17 @@ DeviceScope::DeviceScope(int device, bool checked) {
       return;
     }
   }
-  saved_ = calls.get != nullptr && calls.set != nullptr && calls.get(&previous_) == 0;
+  saved_ = rt.current_context(&previous_);
   int current = -1;
-  if (previous_ != nullptr && cudaGetDevice(&current) == cudaSuccess && current == device) {
+  if (previous_ != nullptr && rt.current_device(&current) && current == device) {
     saved_ = false;  // already there: nothing to change or restore
     return;
   }
-  cudaGetLastError();
-  cudaError_t status = cudaSetDevice(device);
-  if (status != cudaSuccess) {
+  try {
+    rt.set_device(device);
+  } catch (const CudaError&) {
     saved_ = false;
-    if (checked) check(status, "cudaSetDevice");
-    cudaGetLastError();
+    if (checked) throw;
   }
 }
 
@@ -118,32 +55,13 @@ DeviceScope::DeviceScope(int device, bool checked) {
 // used a GPU is left without one, instead of being moved to device 0 (whose
 // context would be created) or left on the ring's device.
 DeviceScope::~DeviceScope() {
-  if (saved_) context_calls().set(previous_);
+  if (saved_) runtime().set_current_context(previous_);
 }
 
-namespace {
-
-cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-}  // namespace
-
-bool built() { return true; }
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-std::string device_uuid(int device) {
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  return std::string(reinterpret_cast<const char*>(prop.uuid.bytes), kUuidBytes);
-}
+bool built() { return runtime().built(); }
+bool simulating() { return runtime().simulated(); }
+int device_count() { return runtime().device_count(); }
+std::string device_uuid(int device) { return runtime().device_uuid(device); }
 
 int visible_device(const std::string& uuid) {
   const int n = device_count();
@@ -167,11 +85,7 @@ std::string uuid_text(const std::string& uuid) {
   return out;
 }
 
-bool can_access_peer(int device, int peer) {
-  int can = 0;
-  check(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer");
-  return can != 0;
-}
+bool can_access_peer(int device, int peer) { return runtime().can_access_peer(device, peer); }
 
 // ---- DeviceRing -----------------------------------------------------------
 
@@ -180,29 +94,17 @@ DeviceRing::DeviceRing(int device, uint64_t bytes, int events) : device_(device)
     throw CudaError("batchcast: cuda:" + std::to_string(device) + " is not a device this process can see (" +
                     std::to_string(device_count()) + " visible)");
   }
+  Runtime& rt = runtime();
   DeviceScope scope(device_);
   try {
-    // Plain cudaMalloc: one allocation exported once, whatever allocator
-    // settings torch runs with (expandable segments cannot be exported this way).
-    void* p = nullptr;
-    check(cudaMalloc(&p, bytes_), "cudaMalloc of the ring");
-    data_ = static_cast<std::byte*>(p);
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    stream_ = stream;
+    data_ = static_cast<std::byte*>(rt.device_alloc(bytes_));
+    stream_ = rt.stream_create();
     for (int i = 0; i < events; ++i) {
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
-            "cudaEventCreate (interprocess)");
-      events_.push_back(e);
+      events_.push_back(rt.event_create(Runtime::kInterprocess));
       // Recorded once, so that waiting on a never-used slot event is a no-op.
-      check(cudaEventRecord(e, stream), "cudaEventRecord");
+      rt.event_record(events_.back(), stream_);
     }
-    for (Staging& s : staging_) {
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
-      s.done = e;
-    }
+    for (Staging& s : staging_) s.done = rt.event_create(Runtime::kBlockingSync);
   } catch (...) {
     free_all();
     throw;
@@ -212,41 +114,38 @@ DeviceRing::DeviceRing(int device, uint64_t bytes, int events) : device_(device)
 DeviceRing::~DeviceRing() { free_all(); }
 
 void DeviceRing::free_all() {
+  Runtime& rt = runtime();
   DeviceScope scope(device_, false);
-  if (stream_ != nullptr) cudaStreamSynchronize(as_stream(stream_));
+  if (stream_ != nullptr) {
+    try {
+      rt.stream_synchronize(stream_);
+    } catch (const CudaError&) {
+    }
+  }
   for (Staging& s : staging_) {
-    if (s.data != nullptr) cudaFreeHost(s.data);
-    if (s.done != nullptr) cudaEventDestroy(as_event(s.done));
+    if (s.data != nullptr) rt.host_free(s.data);
+    if (s.done != nullptr) rt.event_destroy(s.done);
     s = Staging{};
   }
-  for (void* e : events_) cudaEventDestroy(as_event(e));
+  for (void* e : events_) rt.event_destroy(e);
   events_.clear();
-  if (stream_ != nullptr) cudaStreamDestroy(as_stream(stream_));
+  if (stream_ != nullptr) rt.stream_destroy(stream_);
   stream_ = nullptr;
-  if (data_ != nullptr) cudaFree(data_);
+  if (data_ != nullptr) rt.device_free(data_);
   data_ = nullptr;
-  cudaGetLastError();
 }
 
 std::string DeviceRing::uuid() const { return device_uuid(device_); }
 
 std::string DeviceRing::memory_handle() const {
   DeviceScope scope(device_);
-  cudaIpcMemHandle_t h;
-  check(cudaIpcGetMemHandle(&h, data_), "cudaIpcGetMemHandle");
-  static_assert(sizeof(h) == kHandleBytes, "cudaIpcMemHandle_t size");
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  return runtime().memory_handle(data_);
 }
 
 std::vector<std::string> DeviceRing::event_handles() const {
   DeviceScope scope(device_);
   std::vector<std::string> out;
-  for (void* e : events_) {
-    cudaIpcEventHandle_t h;
-    check(cudaIpcGetEventHandle(&h, as_event(e)), "cudaIpcGetEventHandle");
-    static_assert(sizeof(h) == kHandleBytes, "cudaIpcEventHandle_t size");
-    out.emplace_back(reinterpret_cast<const char*>(&h), sizeof(h));
-  }
+  for (void* e : events_) out.push_back(runtime().event_handle(e));
   return out;
 }
 
@@ -255,19 +154,22 @@ std::vector<std::string> DeviceRing::event_handles() const {
 // none the runtime binds one implicitly and leaves it current, so the caller
 // (CudaRing::write) makes them inside a DeviceScope of the ring's device.
 std::byte* DeviceRing::staging(uint64_t bytes) {
+  Runtime& rt = runtime();
   Staging& s = staging_[current_];
-  check(cudaEventSynchronize(as_event(s.done)), "cudaEventSynchronize (staging)");
+  rt.event_synchronize(s.done);
   if (s.bytes < bytes) {
     DeviceScope scope(device_);
-    if (s.data != nullptr) check(cudaFreeHost(s.data), "cudaFreeHost");
+    if (s.data != nullptr) rt.host_free(s.data);
     s.data = nullptr;
     s.bytes = 0;
-    void* p = nullptr;
-    check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc of the staging buffer");
-    s.data = static_cast<std::byte*>(p);
+    s.data = static_cast<std::byte*>(rt.host_alloc(bytes));
     s.bytes = bytes;
     // Fault the pinned pages in now, not during the first batch's copy.
     std::memset(s.data, 0, bytes);
+  }
+  if (const int64_t us = test_ring_delay_us(); us > 0) {
+    // Tests: the ring's stream falls behind the host before this batch's copies.
+    rt.launch_host_function(stream_, [us] { std::this_thread::sleep_for(std::chrono::microseconds(us)); });
   }
   return s.data;
 }
@@ -275,20 +177,17 @@ std::byte* DeviceRing::staging(uint64_t bytes) {
 void DeviceRing::copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t bytes) {
   if (bytes == 0) return;
   if (ring_offset > bytes_ || bytes > bytes_ - ring_offset) throw InvalidArgument("copy outside the ring");
-  check(cudaMemcpyAsync(data_ + ring_offset, staged, bytes, cudaMemcpyHostToDevice, as_stream(stream_)),
-        "cudaMemcpyAsync (host to device)");
+  runtime().copy_async(data_ + ring_offset, staged, bytes, Runtime::Copy::HostToDevice, stream_);
 }
 
 void DeviceRing::commit(int event) {
-  check(cudaEventRecord(as_event(events_.at(static_cast<std::size_t>(event))), as_stream(stream_)),
-        "cudaEventRecord (slot)");
-  check(cudaEventRecord(as_event(staging_[current_].done), as_stream(stream_)), "cudaEventRecord (staging)");
+  Runtime& rt = runtime();
+  rt.event_record(events_.at(static_cast<std::size_t>(event)), stream_);
+  rt.event_record(staging_[current_].done, stream_);
   current_ ^= 1;
 }
 
-void DeviceRing::synchronize() {
-  check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
-}
+void DeviceRing::synchronize() { runtime().stream_synchronize(stream_); }
 
 // ---- ImportedRing ---------------------------------------------------------
 
@@ -297,20 +196,13 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
     : bytes_(bytes) {
   if (memory_handle.size() != kHandleBytes) throw CudaError("batchcast: bad memory handle");
   device_ = visible_device(uuid);
+  Runtime& rt = runtime();
   DeviceScope scope(device_);
   try {
-    cudaIpcMemHandle_t h;
-    std::memcpy(&h, memory_handle.data(), sizeof(h));
-    void* p = nullptr;
-    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-    data_ = static_cast<std::byte*>(p);
+    data_ = static_cast<std::byte*>(rt.open_memory_handle(memory_handle));
     for (const std::string& eh : event_handles) {
       if (eh.size() != kHandleBytes) throw CudaError("batchcast: bad event handle");
-      cudaIpcEventHandle_t h;
-      std::memcpy(&h, eh.data(), sizeof(h));
-      cudaEvent_t e = nullptr;
-      check(cudaIpcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
-      events_.push_back(e);
+      events_.push_back(rt.open_event_handle(eh));
     }
   } catch (...) {
     close_all();
@@ -321,12 +213,12 @@ ImportedRing::ImportedRing(const std::string& uuid, const std::string& memory_ha
 ImportedRing::~ImportedRing() { close_all(); }
 
 void ImportedRing::close_all() {
+  Runtime& rt = runtime();
   DeviceScope scope(device_, false);
-  for (void* e : events_) cudaEventDestroy(as_event(e));
+  for (void* e : events_) rt.event_destroy(e);
   events_.clear();
-  if (data_ != nullptr) cudaIpcCloseMemHandle(data_);
+  if (data_ != nullptr) rt.close_memory_handle(data_);
   data_ = nullptr;
-  cudaGetLastError();
 }
 
 // ---- ReleaseWaiter --------------------------------------------------------
@@ -336,15 +228,18 @@ struct ReleaseWaiter::State {
   std::function<void(uint64_t)> done;
   std::mutex mu;
   std::condition_variable changed;
-  std::deque<std::pair<uint64_t, cudaEvent_t>> queue;
-  std::vector<cudaEvent_t> pool;
-  std::vector<cudaEvent_t> all;
+  std::deque<std::pair<uint64_t, Event>> queue;
+  std::vector<Event> pool;
+  std::vector<Event> all;
   int64_t in_progress = 0;
   bool quit = false;
   std::thread thread;
 
   void run() {
-    cudaSetDevice(device);
+    // The waiting calls need a current context: the ring's device's, on this
+    // thread of batchcast's own, for its whole life.
+    DeviceScope scope(device, /*checked=*/false);
+    Runtime& rt = runtime();
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       changed.wait(lock, [&] { return quit || !queue.empty(); });
@@ -354,12 +249,14 @@ struct ReleaseWaiter::State {
       in_progress += 1;
       lock.unlock();
       // On error (teardown) the slot is released anyway.
-      if (event != nullptr) {
-        cudaEventSynchronize(event);
-      } else {
-        cudaDeviceSynchronize();  // release_after="device": all of this process's work so far
+      try {
+        if (event != nullptr) {
+          rt.event_synchronize(event);
+        } else {
+          rt.device_synchronize();  // release_after="device": all of this process's work so far
+        }
+      } catch (const CudaError&) {
       }
-      cudaGetLastError();
       done(seq);
       lock.lock();
       in_progress -= 1;
@@ -384,20 +281,18 @@ ReleaseWaiter::~ReleaseWaiter() {
   state_->changed.notify_all();
   if (state_->thread.joinable()) state_->thread.join();
   DeviceScope scope(state_->device, false);
-  for (cudaEvent_t e : state_->all) cudaEventDestroy(e);
-  cudaGetLastError();
+  for (Event e : state_->all) runtime().event_destroy(e);
 }
 
 void* ReleaseWaiter::acquire() {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (!state_->pool.empty()) {
-    cudaEvent_t e = state_->pool.back();
+    Event e = state_->pool.back();
     state_->pool.pop_back();
     return e;
   }
   DeviceScope scope(state_->device);
-  cudaEvent_t e = nullptr;
-  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
+  Event e = runtime().event_create(Runtime::kBlockingSync);
   state_->all.push_back(e);
   return e;
 }
@@ -405,14 +300,14 @@ void* ReleaseWaiter::acquire() {
 void ReleaseWaiter::add(uint64_t seq, void* event) {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    state_->queue.emplace_back(seq, as_event(event));
+    state_->queue.emplace_back(seq, event);
   }
   state_->changed.notify_all();
 }
 
 void ReleaseWaiter::discard(void* event) {
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->pool.push_back(as_event(event));
+  state_->pool.push_back(event);
 }
 
 int64_t ReleaseWaiter::pending() const {

@@ -1,8 +1,9 @@
 // The CUDA transport: a ring of GPU memory allocated once by batchcast and
 // shared with consumers through CUDA IPC, with one interprocess event per
-// slot. Written against the CUDA runtime API only (no torch, no CUDA headers
-// here), so it builds wherever the toolkit is, whatever torch is installed.
-// Without the toolkit at build time every call throws CudaUnavailable.
+// slot. Written against cuda::Runtime (runtime.h: the CUDA runtime API, or the
+// simulated device of the tests), with no torch and no CUDA header, so it
+// builds whatever torch is installed. Without the toolkit at build time every
+// call throws CudaError saying so (unless the simulated device is chosen).
 #pragma once
 
 #include <cstddef>
@@ -21,8 +22,10 @@ namespace batchcast::cuda {
 using protocol::kHandleBytes;
 using protocol::kUuidBytes;
 
-// True when this build contains the CUDA transport.
+// True when this build contains the CUDA transport (or runs on the simulated device).
 bool built();
+// True on the simulated device (BATCHCAST_SIMULATED_CUDA; tests only).
+bool simulating();
 // Devices this process can see; 0 without a driver or device (never throws).
 int device_count();
 // A device's UUID (16 raw bytes): stable across processes, unlike indices,

@@ -1,6 +1,8 @@
-// The CUDA transport of a build made without the CUDA toolkit: nothing is
-// available, and every attempt to use a GPU ring says so.
-#include "batchcast/cuda/transport.h"
+// The CUDA runtime of a build made without the CUDA toolkit: no device is
+// visible, and every attempt to use a GPU ring says so. (The simulated device
+// of the tests is still there: cuda/simulated_runtime.cpp.)
+#include "batchcast/common/error.h"
+#include "batchcast/cuda/runtime.h"
 
 namespace batchcast::cuda {
 namespace {
@@ -12,45 +14,46 @@ namespace {
       "batches in GPU memory");
 }
 
+class UnavailableRuntime final : public Runtime {
+ public:
+  bool built() const override { return false; }
+  int device_count() noexcept override { return 0; }
+  std::string device_uuid(int) override { unavailable(); }
+  bool can_access_peer(int, int) override { unavailable(); }
+  bool context_switching() noexcept override { return false; }
+  bool current_context(void**) noexcept override { return false; }
+  bool set_current_context(void*) noexcept override { return false; }
+  void* primary_context(int) noexcept override { return nullptr; }
+  bool current_device(int*) noexcept override { return false; }
+  void set_device(int) override { unavailable(); }
+  void* device_alloc(uint64_t) override { unavailable(); }
+  void device_free(void*) noexcept override {}
+  void* host_alloc(uint64_t) override { unavailable(); }
+  void host_free(void*) noexcept override {}
+  bool is_pinned(const void*) noexcept override { return false; }
+  Stream stream_create() override { unavailable(); }
+  void stream_destroy(Stream) noexcept override {}
+  void stream_synchronize(Stream) override { unavailable(); }
+  void stream_wait(Stream, Event) override { unavailable(); }
+  void launch_host_function(Stream, std::function<void()>) override { unavailable(); }
+  Event event_create(unsigned) override { unavailable(); }
+  void event_destroy(Event) noexcept override {}
+  void event_record(Event, Stream) override { unavailable(); }
+  void event_synchronize(Event) override { unavailable(); }
+  void copy_async(void*, const void*, uint64_t, Copy, Stream) override { unavailable(); }
+  void device_synchronize() override { unavailable(); }
+  std::string memory_handle(void*) override { unavailable(); }
+  void* open_memory_handle(const std::string&) override { unavailable(); }
+  void close_memory_handle(void*) noexcept override {}
+  std::string event_handle(Event) override { unavailable(); }
+  Event open_event_handle(const std::string&) override { unavailable(); }
+};
+
 }  // namespace
 
-bool built() { return false; }
-int device_count() { return 0; }
-std::string device_uuid(int) { unavailable(); }
-int visible_device(const std::string&) { unavailable(); }
-std::string uuid_text(const std::string& uuid) { return "GPU-<" + std::to_string(uuid.size()) + " bytes>"; }
-bool can_access_peer(int, int) { unavailable(); }
-
-DeviceScope::DeviceScope(int, bool checked) {
-  if (checked) unavailable();
+Runtime& cuda_runtime() {
+  static UnavailableRuntime runtime;
+  return runtime;
 }
-DeviceScope::~DeviceScope() = default;
-
-DeviceRing::DeviceRing(int device, uint64_t bytes, int) : device_(device), bytes_(bytes) { unavailable(); }
-DeviceRing::~DeviceRing() = default;
-void DeviceRing::free_all() {}
-std::string DeviceRing::uuid() const { unavailable(); }
-std::string DeviceRing::memory_handle() const { unavailable(); }
-std::vector<std::string> DeviceRing::event_handles() const { unavailable(); }
-std::byte* DeviceRing::staging(uint64_t) { unavailable(); }
-void DeviceRing::copy_in(const std::byte*, uint64_t, uint64_t) { unavailable(); }
-void DeviceRing::commit(int) { unavailable(); }
-void DeviceRing::synchronize() { unavailable(); }
-
-ImportedRing::ImportedRing(const std::string&, const std::string&, uint64_t bytes,
-                           const std::vector<std::string>&)
-    : bytes_(bytes) {
-  unavailable();
-}
-ImportedRing::~ImportedRing() = default;
-void ImportedRing::close_all() {}
-
-struct ReleaseWaiter::State {};
-ReleaseWaiter::ReleaseWaiter(int, std::function<void(uint64_t)>) { unavailable(); }
-ReleaseWaiter::~ReleaseWaiter() = default;
-void* ReleaseWaiter::acquire() { unavailable(); }
-void ReleaseWaiter::add(uint64_t, void*) { unavailable(); }
-void ReleaseWaiter::discard(void*) {}
-int64_t ReleaseWaiter::pending() const { return 0; }
 
 }  // namespace batchcast::cuda

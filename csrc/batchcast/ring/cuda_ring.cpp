@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchcast/common/error.h"
+#include "batchcast/cuda/runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/ring/ring.h"
 
@@ -19,7 +20,7 @@ namespace {
 uint64_t staged_size(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Copied without staging: pinned host memory, laid out as the ring wants it.
-bool direct(const at::Tensor& t) { return t.is_pinned() && plain_bytes(t); }
+bool direct(const at::Tensor& t) { return plain_bytes(t) && cuda::runtime().is_pinned(t.data_ptr()); }
 
 class CudaRing final : public Ring {
  public:
@@ -113,8 +114,8 @@ class CudaRing final : public Ring {
 
  private:
   std::unique_ptr<cuda::DeviceRing> memory_;
-  std::vector<at::Tensor> sources_[2];
-  std::atomic<int64_t> direct_copies_{0};  // written by the publisher, read by stats()  // pinned loader tensors being copied, per staging buffer
+  std::vector<at::Tensor> sources_[2];  // pinned loader tensors being copied, per staging buffer
+  std::atomic<int64_t> direct_copies_{0};  // written by the publisher, read by stats()
 };
 
 }  // namespace

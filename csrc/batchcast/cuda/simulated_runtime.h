@@ -1,0 +1,63 @@
+// A simulated CUDA device, for tests on machines without a GPU: the GPU ring's
+// rules run unchanged against it (cuda/runtime.h), with timing made hostile.
+//
+//   BATCHCAST_SIMULATED_CUDA="seed=3,max_delay_us=2000,devices=1"
+//
+// selects it for a whole process (set it in the environment of every process
+// of a test: producer and consumers). What it models:
+//   - device memory is host memory (a memfd), exported and opened over "IPC"
+//     through /proc/<pid>/fd; a consumer maps it read-only;
+//   - a stream is an ordered queue run by its own thread; each copy and host
+//     function starts after a random delay in [0, max_delay_us], so the host
+//     runs ahead of the device as it does on a GPU;
+//   - an event completes when its stream reaches the point where it was
+//     recorded; a wait makes a stream (or, for the default stream, the calling
+//     thread) block until the event's latest record as of the call completes.
+//     Interprocess events live in shared memory, so a consumer's stream waits
+//     for the producer's copies;
+//   - the default stream (nullptr) runs in the calling thread at once: a
+//     consumer that reads its batches on the host reads in stream order;
+//   - each thread has a current context (none at first); a call that needs one
+//     binds the current device's, and leaves it current, as the real runtime
+//     does — so tests can see that batchcast leaves a caller's thread as it
+//     found it;
+//   - pinned host memory is what host_alloc() and take_pinned() gave out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "batchcast/cuda/runtime.h"
+
+namespace batchcast::cuda::simulated {
+
+struct Options {
+  uint64_t seed = 1;
+  int64_t max_delay_us = 1000;
+  int devices = 1;
+};
+// Parses "key=value,..." (keys seed, max_delay_us, devices); InvalidArgument
+// names what is wrong.
+Options parse_options(const std::string& spec);
+
+// Whether this process runs on the simulated device.
+bool active();
+
+// The calling thread's current stream, as torch's current stream is for a
+// real GPU (nullptr, the default stream, until set).
+Stream current_stream();
+void set_current_stream(Stream stream);
+
+// Pinned host memory from a cache that hands a block out again as soon as it
+// is given back, last in first out — as a pinned-memory allocator reuses a
+// freed block — so that a copy still reading a block after its owner let go
+// of it reads the next batch's bytes. For loaders in tests.
+void* take_pinned(uint64_t bytes);
+void give_back_pinned(void* memory) noexcept;
+
+// The simulated context current on the calling thread, as a number (0: none),
+// and the one a device's primary context is.
+uint64_t current_context_id();
+uint64_t primary_context_id(int device);
+
+}  // namespace batchcast::cuda::simulated

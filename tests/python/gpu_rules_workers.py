@@ -1,0 +1,340 @@
+"""Producer and consumer processes for test_gpu_rules.py: the GPU ring's rules,
+checked where getting them wrong shows, on a real GPU or on the simulated
+device (BATCHCAST_SIMULATED_CUDA, set by the test in each process's environment).
+
+    python gpu_rules_workers.py produce NAME --memory pinned --sample-bytes 1048576
+    python gpu_rules_workers.py consume NAME --check stream --out result.json
+
+Sample i of epoch e is every int32 of its image equal to i + e * samples, and
+its label i. Values depend on the epoch, so a slot read before its copy holds
+a different batch's bytes (an earlier one's, or the previous epoch's).
+
+The producer builds its own batches (no DataLoader): --memory pageable goes
+through the ring's pinned staging; --memory pinned allocates each batch from
+pinned memory that is handed out again as soon as it is freed (on a GPU,
+torch's pinned-memory cache; on the simulated device, a cache that does the
+same), so the ring copies it directly and must keep it until the copy is done.
+
+A consumer checks values (--check):
+  host    on the host right after next(): on the simulated device the default
+          stream runs on the host, so this reads in stream order;
+  stream  queued on the current stream, which is slowed down first (on a GPU a
+          sleep kernel; simulated: a stream whose work starts after random
+          delays), without waiting on the host; the batch is dropped at once;
+  side    like stream, on a side stream that waits for the current one
+          (for release_after="device").
+Mismatches are counted, never raised, and reported at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+
+import batchcast as bc
+
+SIMULATED = bc._C.simulated.active()
+
+
+def touch(path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, path)
+
+
+def wait_for_file(path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---- the calling thread's CUDA context, as the driver (or the simulation) sees it ----
+_libcuda = None
+
+
+def current_context() -> int:
+    """0: the calling thread has no current context; else an id of it."""
+    if SIMULATED:
+        return bc._C.simulated.current_context()
+    global _libcuda
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    status = _libcuda.cuCtxGetCurrent(ctypes.byref(ctx))
+    if status == 3:  # CUDA_ERROR_NOT_INITIALIZED: no context anywhere yet
+        return 0
+    assert status == 0, f"cuCtxGetCurrent: {status}"
+    return ctx.value or 0
+
+
+# ---- producer ----------------------------------------------------------------------
+class Batches:
+    """Re-iterable: one epoch of (images int32 [L, K], labels int64 [L]) per iter()."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.epoch = -1
+        self.ints = args.sample_bytes // 4
+
+    def __len__(self) -> int:
+        return -(-self.args.samples // self.args.loader_batch)
+
+    def empty(self, n: int) -> torch.Tensor:
+        if self.args.memory == "pageable":
+            return torch.empty(n, self.ints, dtype=torch.int32)
+        if SIMULATED:
+            return bc._C.simulated.pinned_empty(n * self.ints * 4).view(torch.int32).view(n, self.ints)
+        return torch.empty(n, self.ints, dtype=torch.int32, pin_memory=True)
+
+    def __iter__(self):
+        self.epoch += 1
+        a = self.args
+        for index, start in enumerate(range(0, a.samples, a.loader_batch)):
+            if (self.epoch, index) == a.pause_before:
+                touch(a.pause_until + ".paused")  # every earlier batch is published
+                wait_for_file(a.pause_until, 60)
+            ids = torch.arange(start, min(start + a.loader_batch, a.samples))
+            images = self.empty(len(ids))
+            images.copy_((ids + self.epoch * a.samples).to(torch.int32).view(-1, 1).expand(-1, self.ints))
+            yield images, ids
+            del images  # the loader lets go: a pinned block may be handed out again
+
+
+def produce(args: argparse.Namespace) -> None:
+    before = current_context()
+    producer = bc.Producer(Batches(args), args.name, device="cuda:0", epochs=args.epochs,
+                           min_consumers=args.min_consumers, slots=args.slots, linger=args.linger,
+                           catch_up_window=args.catch_up_window)
+    try:
+        producer.run()
+    finally:
+        stats = producer.stats()
+        stats["context_before"], stats["context_after"] = before, current_context()
+        print(json.dumps(stats), flush=True)
+
+
+def same_process(args: argparse.Namespace) -> None:
+    """A consumer in the producer's own process: CUDA IPC cannot open there."""
+    result = {"error": None}
+    with bc.Producer(Batches(args), args.name, device="cuda:0", epochs=None):
+        try:
+            with bc.Consumer(args.name, timeout=args.timeout) as consumer:
+                next(iter(consumer))  # the ring is made for the first batch, then mapped
+        except Exception as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["is_cuda_error"] = isinstance(exc, bc.CudaError)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+def consume_two(args: argparse.Namespace) -> None:
+    """Two consumers of one GPU ring in one process, each in a thread of its own."""
+    results = [None, None]
+
+    def run(k: int, batch_size: int) -> None:
+        r = {"error": None, "samples": 0, "mismatches": 0}
+        try:
+            with bc.Consumer(args.name, batch_size=batch_size, timeout=args.timeout) as c:
+                for _ in range(args.epochs):
+                    batches = iter(c)
+                    e = c.stats()["epoch"]
+                    position = 0
+                    for images, labels in batches:
+                        ids = range(position, position + images.shape[0])
+                        want = torch.arange(ids.start, ids.stop) + e * args.samples
+                        ok = torch.equal(images.cpu(), want.to(torch.int32).view(-1, 1).expand_as(images.cpu()))
+                        ok = ok and torch.equal(labels.cpu(), torch.arange(ids.start, ids.stop))
+                        r["mismatches"] += int(not ok)
+                        position += len(ids)
+                    r["samples"] += position
+                r["stats"] = c.stats()
+        except Exception as exc:
+            r["error"] = f"{type(exc).__name__}: {exc}"
+        results[k] = r
+
+    threads = [threading.Thread(target=run, args=(k, b)) for k, b in enumerate(args.batch_sizes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with open(args.out, "w") as f:
+        json.dump(results, f)
+
+
+# ---- consumer ----------------------------------------------------------------------
+class Checker:
+    """Compares batches with what they must hold, in stream order, counting
+    mismatches without waiting for them on the host (except --check host)."""
+
+    def __init__(self, how: str, delay_us: int):
+        self.how = how
+        self.host_mismatches = 0
+        self.checks = 0
+        self.stream = None
+        if SIMULATED and how in ("stream", "side"):
+            self.stream = bc._C.simulated.Stream()
+        self.cycles = int(delay_us * 1e-6 * 1.5e9)  # ~delay_us at 1.5 GHz
+        self.bad = self.side = None  # GPU: made at the first check (none: torch never touches the GPU)
+
+    def __enter__(self):
+        # The consumer's current stream while it iterates (simulated: this one).
+        if SIMULATED and self.how == "stream":
+            self.stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if SIMULATED and self.how == "stream":
+            self.stream.__exit__(None, None, None)
+
+    def expected(self, ids: range, epoch: int, samples: int, ints: int, device):
+        values = torch.arange(ids.start, ids.stop, device=device) + epoch * samples
+        return values.to(torch.int32).view(-1, 1).expand(-1, ints)
+
+    def check(self, images: torch.Tensor, labels: torch.Tensor, ids: range, epoch: int, samples: int):
+        self.checks += 1
+        if self.how == "none":
+            return
+        if not SIMULATED and self.bad is None:
+            self.bad = torch.zeros((), dtype=torch.int64, device=images.device)
+            self.side = torch.cuda.Stream(images.device) if self.how == "side" else None
+        want = self.expected(ids, epoch, samples, images.shape[1], images.device)
+        want_labels = torch.arange(ids.start, ids.stop, device=labels.device)
+        if self.how == "host" or (SIMULATED and self.how not in ("stream", "side")):
+            ok = torch.equal(images.cpu(), want.cpu()) and torch.equal(labels.cpu(), want_labels.cpu())
+            self.host_mismatches += int(not ok)
+        elif SIMULATED:
+            self.stream.check(images, want.contiguous())
+            self.stream.check(labels, want_labels)
+        else:
+            stream = self.side or torch.cuda.current_stream()
+            if self.side is not None:
+                self.side.wait_stream(torch.cuda.current_stream())  # the batch is ready there
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(self.cycles)  # this stream falls behind the host
+                self.bad += (images != want).sum() + (labels != want_labels).sum()
+
+    def mismatches(self) -> int:
+        if SIMULATED:
+            if self.stream is None:
+                return self.host_mismatches
+            self.stream.synchronize()
+            return self.stream.mismatches + self.host_mismatches
+        if self.bad is None:
+            return self.host_mismatches
+        torch.cuda.synchronize()
+        return int(self.bad.item()) + self.host_mismatches
+
+
+def consume(args: argparse.Namespace) -> None:
+    result = {"error": None, "epochs": [], "contexts": [], "pid": os.getpid()}
+    context_before = current_context()
+    result["context_before"] = context_before
+
+    def context_check(where: str) -> None:
+        now = current_context()
+        if now != context_before:
+            result["contexts"].append(f"{where}: {context_before} -> {now}")
+
+    checker = Checker(args.check, args.stream_delay_us)
+    consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
+                           release_after=args.release_after, late_join=args.late_join)
+    context_check("Consumer()")
+    if args.joined:
+        touch(args.joined)
+    samples = args.samples
+    kept = []
+    try:
+        with checker:
+            for _ in range(args.epochs):
+                batches = iter(consumer)  # begins the epoch
+                e = consumer.stats()["epoch"]
+                got = []
+                position = 0
+                while True:
+                    batch = next(batches, None)
+                    context_check("next()")
+                    if batch is None:
+                        break
+                    images, labels = batch
+                    ids = range(position, position + images.shape[0])
+                    checker.check(images, labels, ids, e, samples)
+                    got.append(len(ids))
+                    position += len(ids)
+                    if len(kept) < args.keep:
+                        kept.append(batch)
+                    del batch, images, labels  # drop at once: its release follows the queued check
+                    context_check("drop")
+                result["epochs"].append({"epoch": e, "samples": position, "batches": len(got)})
+        result["mismatches"] = checker.mismatches()
+        result["checks"] = checker.checks
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["stats"] = consumer.stats()
+    if args.hold_until:
+        touch(args.holding)
+        wait_for_file(args.hold_until, args.timeout)
+    kept.clear()
+    consumer.close()
+    context_check("close()")
+    if args.fresh_thread:
+        # Another thread of the same process: batchcast leaves it as it found it too.
+        def second() -> None:
+            before = current_context()
+            c = bc.Consumer(args.name, timeout=args.timeout)
+            c.close()
+            if current_context() != before:
+                result["contexts"].append(f"fresh thread: {before} -> {current_context()}")
+        t = threading.Thread(target=second)
+        t.start()
+        t.join()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["produce", "consume", "consume-two", "same-process"])
+    p.add_argument("name")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--sample-bytes", type=int, default=1 << 16)
+    p.add_argument("--loader-batch", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--memory", choices=["pageable", "pinned"], default="pageable")
+    p.add_argument("--min-consumers", type=int, default=1)
+    p.add_argument("--linger", type=float, default=30.0)
+    p.add_argument("--catch-up-window", type=int, default=None)
+    p.add_argument("--pause-before", type=lambda t: tuple(int(x) for x in t.split(":")), default=(-1, -1),
+                   help="producer: EPOCH:INDEX: before loading that batch, wait for --pause-until")
+    p.add_argument("--pause-until", default="", help="producer: ... and create this file + '.paused'")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--check", choices=["host", "stream", "side", "none"], default="host")
+    p.add_argument("--stream-delay-us", type=int, default=20000)
+    p.add_argument("--release-after", choices=["stream", "device"], default="stream")
+    p.add_argument("--late-join", choices=["next_epoch", "catch_up"], default="next_epoch")
+    p.add_argument("--keep", type=int, default=0, help="consumer: keep the first K batches to the end")
+    p.add_argument("--joined", default="", help="consumer: file to create once joined")
+    p.add_argument("--batch-sizes", type=int, nargs=2, default=[8, 12], help="consume-two")
+    p.add_argument("--holding", default="", help="consumer: file to create while it holds --keep batches")
+    p.add_argument("--hold-until", default="", help="consumer: hold kept batches until this file exists")
+    p.add_argument("--fresh-thread", action="store_true")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    roles = {"produce": produce, "consume": consume, "consume-two": consume_two, "same-process": same_process}
+    roles[args.role](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

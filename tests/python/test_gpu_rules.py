@@ -1,0 +1,194 @@
+"""The GPU ring's rules, where breaking them shows: on the simulated device
+(every run, several seeds, random delays) and on a real GPU (when one is
+visible). Processes are gpu_rules_workers.py.
+
+What would be wrong, and what catches it:
+  - a consumer reads a slot before the producer's copy into it is done (no
+    wait on the slot's event, the event recorded before the copy, the wrong
+    event): the producer's ring stream is made to fall behind before every
+    batch's copies (BATCHCAST_TEST_RING_DELAY_US), so such a read sees another
+    batch's bytes;
+  - the producer reuses a staging buffer, or lets go of a pinned loader tensor
+    whose block is then handed out again, before the copy from it is done: the
+    ring receives the next batch's bytes;
+  - a slot goes back to the producer before the consumer's stream is past its
+    last use: consumers check values on their stream, after making it fall
+    behind, and drop each batch at once; a ring of 2 slots is rewritten under
+    the queued check.
+Values depend on the sample and the epoch, so any of these is a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+import batchcast as bc
+from conftest import eventually
+
+SCRIPT = "gpu_rules_workers.py"
+SEEDS = [int(s) for s in os.environ.get("BATCHCAST_SIMULATED_SEEDS", "1,2").split(",")]
+GPU = bc.cuda_available()
+
+
+@pytest.fixture(params=[f"simulated-{s}" for s in SEEDS] + ["gpu"])
+def device(request):
+    """Where the ring lives: the simulated device with a seed, or a real GPU."""
+    if request.param == "gpu":
+        if not GPU:
+            pytest.skip("no CUDA GPU visible to batchcast (the simulated device runs these rules here)")
+        return Device(None, sample_bytes=16 << 20, loader_batch=4, samples=32, ring_delay_us=20000)
+    seed = int(request.param.split("-")[1])
+    return Device(seed, sample_bytes=64 << 10, loader_batch=8, samples=64, ring_delay_us=3000)
+
+
+class Device:
+    """Sizes and environment for one backend. On a GPU, loader batches of
+    64 MiB; simulated, 512 KiB (copies take random time anyway)."""
+
+    def __init__(self, seed, sample_bytes, loader_batch, samples, ring_delay_us):
+        self.seed = seed
+        self.sample_bytes, self.loader_batch, self.samples = sample_bytes, loader_batch, samples
+        self.env = {"BATCHCAST_TEST_RING_DELAY_US": str(ring_delay_us)}
+        if seed is not None:
+            self.env["BATCHCAST_SIMULATED_CUDA"] = f"seed={seed},max_delay_us=2000"
+        else:
+            self.env["BATCHCAST_SIMULATED_CUDA"] = ""
+
+    def flags(self):
+        return ["--sample-bytes", self.sample_bytes, "--loader-batch", self.loader_batch,
+                "--samples", self.samples]
+
+
+def start(procs, device, role, name, *flags, out=None):
+    return procs.start(role, name, *device.flags(), *flags, out=out, script=SCRIPT, env=device.env)
+
+
+def producer_stats(procs, p) -> dict:
+    lines = [line for line in procs.out(p).splitlines() if line.startswith("{")]
+    assert lines, f"producer printed no stats:\n{procs.err(p)}"
+    return json.loads(lines[-1])
+
+
+def assert_clean(result: dict, device, epochs: list[int], batches_per_epoch: int) -> None:
+    assert result["error"] is None, result["error"]
+    assert result["mismatches"] == 0, f"{result['mismatches']} of {result['checks']} batches held other bytes"
+    assert [e["epoch"] for e in result["epochs"]] == epochs, result["epochs"]
+    assert all(e["samples"] == device.samples for e in result["epochs"]), result["epochs"]
+    assert all(e["batches"] == batches_per_epoch for e in result["epochs"]), result["epochs"]
+    assert result["checks"] == batches_per_epoch * len(epochs)
+
+
+@pytest.mark.parametrize("memory", ["pageable", "pinned"])
+@pytest.mark.parametrize("check", ["host", "stream"])
+def test_every_value_is_read_after_its_copy_and_before_its_slot_is_reused(procs, name, device, memory, check):
+    """Two consumers of a 2-slot ring that wraps every few batches: one with the
+    loader's batch size checking on its stream (or on the host), one
+    rebatching to another size, checking on the host."""
+    p = start(procs, device, "produce", name, "--memory", memory, "--slots", 2, "--epochs", 2,
+              "--min-consumers", 2)
+    a = start(procs, device, "consume", name, "--check", check, "--epochs", 2, out="a.json")
+    b = start(procs, device, "consume", name, "--check", "host", "--batch-size", device.loader_batch + 4,
+              "--epochs", 2, out="b.json")
+    procs.wait_all(timeout=180)
+    per_epoch = device.samples // device.loader_batch
+    assert_clean(procs.result("a.json"), device, [0, 1], per_epoch)
+    rb = procs.result("b.json")
+    assert rb["error"] is None and rb["mismatches"] == 0, rb
+    assert [e["samples"] for e in rb["epochs"]] == [device.samples] * 2
+    stats = producer_stats(procs, p)
+    # Pinned loader batches went straight from their memory into the ring.
+    if memory == "pinned":
+        assert stats["direct_copies"] == 2 * per_epoch, stats  # the images (labels are not pinned)
+    else:
+        assert stats["direct_copies"] == 0, stats
+    assert procs.result("a.json")["stats"]["transfer"] == "view"
+
+
+def test_release_after_device_covers_work_on_a_side_stream(procs, name, device):
+    """A consumer that checks its batches on a side stream, with
+    release_after='device': no slot goes back before the side stream is past it."""
+    start(procs, device, "produce", name, "--slots", 2, "--epochs", 2)
+    start(procs, device, "consume", name, "--check", "side", "--release-after", "device", "--epochs", 2,
+          out="a.json")
+    procs.wait_all(timeout=180)
+    assert_clean(procs.result("a.json"), device, [0, 1], device.samples // device.loader_batch)
+
+
+@pytest.mark.parametrize("late_join", ["next_epoch", "catch_up"])
+def test_a_consumer_joining_a_ring_that_exists_maps_it_from_its_welcome(procs, name, device, tmp_path,
+                                                                        late_join):
+    """The producer has served epoch 0 and the first batch of epoch 1 when a
+    second consumer joins: it gets the ring in its Welcome and epoch 2
+    (next_epoch), or epoch 1 from its retained first batch (catch_up)."""
+    joined = tmp_path / "b.joined"
+    start(procs, device, "produce", name, "--slots", 4, "--epochs", 3, "--pause-before", "1:1",
+          "--pause-until", joined)
+    start(procs, device, "consume", name, "--check", "stream", "--epochs", 3, out="a.json")
+    paused = tmp_path / "b.joined.paused"
+    eventually(paused.exists, "the producer pausing after the first batch of epoch 1", timeout=120)
+    start(procs, device, "consume", name, "--check", "host", "--epochs", 1, "--late-join", late_join,
+          "--joined", joined, out="b.json")
+    procs.wait_all(timeout=180)
+    per_epoch = device.samples // device.loader_batch
+    assert_clean(procs.result("a.json"), device, [0, 1, 2], per_epoch)
+    assert_clean(procs.result("b.json"), device, [2] if late_join == "next_epoch" else [1], per_epoch)
+
+
+def test_the_callers_cuda_context_is_left_as_it_was(procs, name, device):
+    """A process that never used a GPU has no current context before and after
+    every batchcast call, in its main thread and in a fresh one; the producer's
+    thread likewise."""
+    p = start(procs, device, "produce", name, "--epochs", 1)
+    # Checking values on a GPU would be the caller's own use of it: not here.
+    start(procs, device, "consume", name, "--check", "none", "--epochs", 1, "--fresh-thread", out="a.json")
+    procs.wait_all(timeout=180)
+    r = procs.result("a.json")
+    assert r["error"] is None, r["error"]
+    assert r["context_before"] == 0
+    assert r["contexts"] == [], r["contexts"]
+    stats = producer_stats(procs, p)
+    assert stats["context_before"] == 0 and stats["context_after"] == 0, stats
+
+
+def test_a_consumer_in_the_producers_own_process_is_a_cuda_error(procs, name, device):
+    start(procs, device, "same-process", name, out="r.json")
+    procs.wait_all(timeout=120)
+    r = procs.result("r.json")
+    assert r["is_cuda_error"], r
+    assert "in its own process" in r["error"] and "another process" in r["error"], r["error"]
+
+
+def test_a_ring_still_mapped_past_linger_is_freed_with_a_warning(procs, name, device, tmp_path):
+    """A consumer keeps a batch and stays alive after the last epoch: the
+    producer waits `linger` (1 s), then frees its ring with a LingerWarning;
+    the consumer, still holding the batch, exits cleanly later."""
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    p = start(procs, device, "produce", name, "--epochs", 1, "--linger", 1)
+    c = start(procs, device, "consume", name, "--check", "host", "--epochs", 1, "--keep", 1,
+              "--holding", holding, "--hold-until", release, out="a.json")
+    eventually(lambda: holding.exists(), "the consumer holding a batch after its epoch", timeout=120)
+    started = time.monotonic()
+    p.wait(60)
+    waited = time.monotonic() - started
+    assert p.returncode == 0, procs.err(p)
+    assert "LingerWarning" in procs.err(p), procs.err(p)
+    assert waited < 30, f"the producer took {waited:.1f} s to give up its ring (linger 1 s)"
+    assert c.poll() is None  # the consumer still holds its batch
+    release.touch()
+    procs.wait_all(timeout=60)
+    assert procs.result("a.json")["error"] is None
+
+
+def test_two_gpu_consumers_in_one_process(procs, name, device):
+    start(procs, device, "produce", name, "--slots", 2, "--epochs", 2, "--min-consumers", 2)
+    start(procs, device, "consume-two", name, "--epochs", 2, "--batch-sizes", device.loader_batch,
+          device.loader_batch * 3 // 2, out="two.json")
+    procs.wait_all(timeout=180)
+    for r in procs.result("two.json"):
+        assert r["error"] is None, r["error"]
+        assert r["mismatches"] == 0 and r["samples"] == 2 * device.samples, r
+        assert r["stats"]["ipc_memory_opens"] == 1, r["stats"]

@@ -1,6 +1,8 @@
 // The CUDA transport: what it says without a GPU (this runs everywhere), and
-// on a GPU machine the ring's one-copy write path, checked byte for byte.
-// Cross-process sharing is covered by tests/python/test_gpu.py.
+// on a GPU machine — or on the simulated device (CTest runs it there too, as
+// cpp_cuda_simulated) — the ring's one-copy write path, checked byte for byte.
+// Cross-process sharing is covered by tests/python/test_gpu.py and
+// test_gpu_rules.py.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "batchcast/cuda/runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/producer/producer.h"
 
@@ -64,13 +67,17 @@ TEST(Cuda, RingCopiesStagedBytesExactlyOnce) {
     std::byte* staged = ring.staging(n);
     for (uint64_t i = 0; i < n; ++i) staged[i] = static_cast<std::byte>((i * 7 + batch) & 0xff);
     ring.copy_in(staged, batch * n, n);
-    ring.commit(batch);
+    ring.record_slot(batch);
+    ring.finish_staging();
   }
   ring.synchronize();
-  at::Tensor on_gpu = at::from_blob(ring.data(), {static_cast<int64_t>(2 * n)},
-                                    at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0));
-  at::Tensor back = on_gpu.cpu();
-  const auto* p = back.data_ptr<uint8_t>();
+  std::vector<uint8_t> back(2 * n);
+  {
+    cuda::DeviceScope scope(0);
+    cuda::runtime().copy_async(back.data(), ring.data(), back.size(), cuda::Runtime::Copy::DeviceToHost, nullptr);
+    cuda::runtime().stream_synchronize(nullptr);
+  }
+  const uint8_t* p = back.data();
   for (int batch = 0; batch < 2; ++batch) {
     for (uint64_t i = 0; i < n; i += 4099) {
       ASSERT_EQ(p[batch * n + i], static_cast<uint8_t>((i * 7 + batch) & 0xff)) << batch << " " << i;

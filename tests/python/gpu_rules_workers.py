@@ -18,9 +18,10 @@ same), so the ring copies it directly and must keep it until the copy is done.
 A consumer checks values (--check):
   host    on the host right after next(): on the simulated device the default
           stream runs on the host, so this reads in stream order;
-  stream  queued on the current stream, which is slowed down first (on a GPU a
-          sleep kernel; simulated: a stream whose work starts after random
-          delays), without waiting on the host; the batch is dropped at once;
+  stream  queued on the current stream without waiting on the host (on the
+          simulated device, a stream whose work starts after random delays),
+          slowed down first by --stream-delay-us (on a GPU a sleep kernel);
+          the batch is dropped at once;
   side    like stream, on a side stream that waits for the current one
           (for release_after="device").
 Mismatches are counted, never raised, and reported at the end.
@@ -183,7 +184,7 @@ class Checker:
         self.checks = 0
         self.stream = None
         if SIMULATED and how in ("stream", "side"):
-            self.stream = bc._C.simulated.Stream()
+            self.stream = bc._C.simulated.Stream(delay_us)
         self.cycles = int(delay_us * 1e-6 * 1.5e9)  # ~delay_us at 1.5 GHz
         self.bad = self.side = None  # GPU: made at the first check (none: torch never touches the GPU)
 
@@ -221,7 +222,8 @@ class Checker:
             if self.side is not None:
                 self.side.wait_stream(torch.cuda.current_stream())  # the batch is ready there
             with torch.cuda.stream(stream):
-                torch.cuda._sleep(self.cycles)  # this stream falls behind the host
+                if self.cycles:
+                    torch.cuda._sleep(self.cycles)  # this stream falls behind the host
                 self.bad += (images != want).sum() + (labels != want_labels).sum()
 
     def mismatches(self) -> int:
@@ -320,7 +322,8 @@ def main() -> None:
     p.add_argument("--pause-until", default="", help="producer: ... and create this file + '.paused'")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--check", choices=["host", "stream", "side", "none"], default="host")
-    p.add_argument("--stream-delay-us", type=int, default=20000)
+    p.add_argument("--stream-delay-us", type=int, default=0,
+                   help="consumer: make its checking stream fall behind by this much per batch")
     p.add_argument("--release-after", choices=["stream", "device"], default="stream")
     p.add_argument("--late-join", choices=["next_epoch", "catch_up"], default="next_epoch")
     p.add_argument("--keep", type=int, default=0, help="consumer: keep the first K batches to the end")

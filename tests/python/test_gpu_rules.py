@@ -40,31 +40,35 @@ def device(request):
     if request.param == "gpu":
         if not GPU:
             pytest.skip("no CUDA GPU visible to batchcast (the simulated device runs these rules here)")
-        return Device(None, sample_bytes=16 << 20, loader_batch=4, samples=32, ring_delay_us=20000)
+        return Device(None, sample_bytes=16 << 20, loader_batch=4, samples=32, lag_us=20000)
     seed = int(request.param.split("-")[1])
-    return Device(seed, sample_bytes=64 << 10, loader_batch=8, samples=64, ring_delay_us=3000)
+    return Device(seed, sample_bytes=64 << 10, loader_batch=8, samples=64, lag_us=5000)
 
 
 class Device:
     """Sizes and environment for one backend. On a GPU, loader batches of
-    64 MiB; simulated, 512 KiB (copies take random time anyway)."""
+    64 MiB; simulated, 512 KiB (copies take random time anyway). `lag_us`: how
+    far a stream is made to fall behind, per batch, where a test wants it to."""
 
-    def __init__(self, seed, sample_bytes, loader_batch, samples, ring_delay_us):
+    def __init__(self, seed, sample_bytes, loader_batch, samples, lag_us):
         self.seed = seed
         self.sample_bytes, self.loader_batch, self.samples = sample_bytes, loader_batch, samples
-        self.env = {"BATCHCAST_TEST_RING_DELAY_US": str(ring_delay_us)}
-        if seed is not None:
-            self.env["BATCHCAST_SIMULATED_CUDA"] = f"seed={seed},max_delay_us=2000"
-        else:
-            self.env["BATCHCAST_SIMULATED_CUDA"] = ""
+        self.lag_us = lag_us
+        simulated = f"seed={seed},max_delay_us=2000" if seed is not None else ""
+        self.env = {"BATCHCAST_SIMULATED_CUDA": simulated, "BATCHCAST_TEST_RING_DELAY_US": "0"}
 
     def flags(self):
         return ["--sample-bytes", self.sample_bytes, "--loader-batch", self.loader_batch,
                 "--samples", self.samples]
 
 
-def start(procs, device, role, name, *flags, out=None):
-    return procs.start(role, name, *device.flags(), *flags, out=out, script=SCRIPT, env=device.env)
+def start(procs, device, role, name, *flags, out=None, ring_lags=False):
+    """A worker; with ring_lags, the producer's ring stream falls behind the
+    host by device.lag_us before every batch's copies."""
+    env = dict(device.env)
+    if ring_lags:
+        env["BATCHCAST_TEST_RING_DELAY_US"] = str(device.lag_us)
+    return procs.start(role, name, *device.flags(), *flags, out=out, script=SCRIPT, env=env)
 
 
 def producer_stats(procs, p) -> dict:
@@ -84,15 +88,16 @@ def assert_clean(result: dict, device, epochs: list[int], batches_per_epoch: int
 
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
 @pytest.mark.parametrize("check", ["host", "stream"])
-def test_every_value_is_read_after_its_copy_and_before_its_slot_is_reused(procs, name, device, memory, check):
-    """Two consumers of a 2-slot ring that wraps every few batches: one with the
-    loader's batch size checking on its stream (or on the host), one
-    rebatching to another size, checking on the host."""
+def test_every_value_is_read_after_its_copy(procs, name, device, memory, check):
+    """The producer's ring stream falls behind before every batch's copies:
+    two consumers of a 2-slot ring, one with the loader's batch size checking
+    on the host or on its current stream, one rebatching to another size
+    (checking on the host), must never see a batch before its copy is done."""
     p = start(procs, device, "produce", name, "--memory", memory, "--slots", 2, "--epochs", 2,
-              "--min-consumers", 2)
-    a = start(procs, device, "consume", name, "--check", check, "--epochs", 2, out="a.json")
-    b = start(procs, device, "consume", name, "--check", "host", "--batch-size", device.loader_batch + 4,
-              "--epochs", 2, out="b.json")
+              "--min-consumers", 2, ring_lags=True)
+    start(procs, device, "consume", name, "--check", check, "--epochs", 2, out="a.json")
+    start(procs, device, "consume", name, "--check", "host", "--batch-size", device.loader_batch + 4,
+          "--epochs", 2, out="b.json")
     procs.wait_all(timeout=180)
     per_epoch = device.samples // device.loader_batch
     assert_clean(procs.result("a.json"), device, [0, 1], per_epoch)
@@ -108,12 +113,26 @@ def test_every_value_is_read_after_its_copy_and_before_its_slot_is_reused(procs,
     assert procs.result("a.json")["stats"]["transfer"] == "view"
 
 
-def test_release_after_device_covers_work_on_a_side_stream(procs, name, device):
-    """A consumer that checks its batches on a side stream, with
-    release_after='device': no slot goes back before the side stream is past it."""
+def test_a_slot_is_reused_only_after_the_consumers_stream_is_past_it(procs, name, device):
+    """A consumer checks each batch on its current stream, which falls further
+    behind with every batch, and drops the batch at once; the producer's
+    copies are quick. A 2-slot ring would be rewritten under the queued checks
+    if a slot went back when its tensors were freed rather than when the
+    stream was past them."""
     start(procs, device, "produce", name, "--slots", 2, "--epochs", 2)
-    start(procs, device, "consume", name, "--check", "side", "--release-after", "device", "--epochs", 2,
-          out="a.json")
+    start(procs, device, "consume", name, "--check", "stream", "--stream-delay-us", device.lag_us,
+          "--epochs", 2, out="a.json")
+    procs.wait_all(timeout=180)
+    assert_clean(procs.result("a.json"), device, [0, 1], device.samples // device.loader_batch)
+
+
+def test_release_after_device_covers_work_on_a_side_stream(procs, name, device):
+    """The same with the checks on a side stream (which waits for the current
+    one) and release_after='device': no slot goes back before the side stream
+    is past it."""
+    start(procs, device, "produce", name, "--slots", 2, "--epochs", 2)
+    start(procs, device, "consume", name, "--check", "side", "--stream-delay-us", device.lag_us,
+          "--release-after", "device", "--epochs", 2, out="a.json")
     procs.wait_all(timeout=180)
     assert_clean(procs.result("a.json"), device, [0, 1], device.samples // device.loader_batch)
 
@@ -126,7 +145,7 @@ def test_a_consumer_joining_a_ring_that_exists_maps_it_from_its_welcome(procs, n
     (next_epoch), or epoch 1 from its retained first batch (catch_up)."""
     joined = tmp_path / "b.joined"
     start(procs, device, "produce", name, "--slots", 4, "--epochs", 3, "--pause-before", "1:1",
-          "--pause-until", joined)
+          "--pause-until", joined, ring_lags=True)
     start(procs, device, "consume", name, "--check", "stream", "--epochs", 3, out="a.json")
     paused = tmp_path / "b.joined.paused"
     eventually(paused.exists, "the producer pausing after the first batch of epoch 1", timeout=120)

@@ -180,10 +180,12 @@ void DeviceRing::copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t
   runtime().copy_async(data_ + ring_offset, staged, bytes, Runtime::Copy::HostToDevice, stream_);
 }
 
-void DeviceRing::commit(int event) {
-  Runtime& rt = runtime();
-  rt.event_record(events_.at(static_cast<std::size_t>(event)), stream_);
-  rt.event_record(staging_[current_].done, stream_);
+void DeviceRing::record_slot(int event) {
+  runtime().event_record(events_.at(static_cast<std::size_t>(event)), stream_);
+}
+
+void DeviceRing::finish_staging() {
+  runtime().event_record(staging_[current_].done, stream_);
   current_ ^= 1;
 }
 

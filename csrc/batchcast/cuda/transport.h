@@ -82,8 +82,11 @@ class DeviceRing {
   // stays untouched until the copy is done) into the ring on the copy stream.
   void copy_in(const std::byte* staged, uint64_t ring_offset, uint64_t bytes);
   // After a batch's copies: records slot event `event` on the copy stream
-  // (consumers' streams wait on it) and hands the staging buffer back.
-  void commit(int event);
+  // (consumers' streams wait on it).
+  void record_slot(int event);
+  // After a batch's copies: hands its staging buffer back, to be reused once
+  // those copies are done.
+  void finish_staging();
   // Waits for every queued copy.
   void synchronize();
 

@@ -10,11 +10,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/consumer.h"
@@ -86,7 +88,7 @@ class CheckingStream {
     std::atomic<int64_t> checks{0};
     std::atomic<int64_t> mismatches{0};
   };
-  CheckingStream() : counts_(std::make_shared<Counts>()) {
+  explicit CheckingStream(int64_t delay_us) : delay_us_(delay_us), counts_(std::make_shared<Counts>()) {
     if (!cuda::simulating()) throw py::value_error("simulated.Stream() needs the simulated device");
     stream_ = cuda::runtime().stream_create();
   }
@@ -107,6 +109,10 @@ class CheckingStream {
     const void* at_address = t.data_ptr();
     at::Tensor want = expected.contiguous().clone();
     auto counts = counts_;
+    if (delay_us_ > 0) {  // this stream falls behind the host, as under a long kernel
+      const int64_t us = delay_us_;
+      cuda::runtime().launch_host_function(stream_, [us] { std::this_thread::sleep_for(std::chrono::microseconds(us)); });
+    }
     cuda::runtime().launch_host_function(stream_, [at_address, want, counts] {
       counts->checks += 1;
       if (std::memcmp(at_address, want.data_ptr(), want.nbytes()) != 0) counts->mismatches += 1;
@@ -118,6 +124,7 @@ class CheckingStream {
 
  private:
   cuda::Stream stream_ = nullptr;
+  int64_t delay_us_;
   std::shared_ptr<Counts> counts_;
   std::vector<cuda::Stream> previous_;
 };
@@ -137,7 +144,8 @@ void bind_simulated(py::module_& m) {
           },
           "A uint8 tensor of pinned memory, whose block is handed out again as soon as it is freed");
   py::class_<CheckingStream>(sim, "Stream")
-      .def(py::init<>())
+      .def(py::init<int64_t>(), py::arg("delay_us") = 0,
+           "A stream on which each check starts delay_us later than it would")
       .def("__enter__", [](CheckingStream& s) -> CheckingStream& { s.enter(); return s; },
            py::return_value_policy::reference)
       .def("__exit__", [](CheckingStream& s, py::args) { s.exit(); })

@@ -86,7 +86,8 @@ class CudaRing final : public Ring {
         staged_at += staged_size(n);
       }
     }
-    memory_->commit(slot.event);
+    memory_->record_slot(slot.event);
+    memory_->finish_staging();
   }
 
   void drain() noexcept override {

@@ -1,0 +1,174 @@
+"""Proves that the GPU ring's tests can fail: builds batchcast with one
+deliberate bug at a time (a mutant) and runs the simulated-device tests
+against it (tests/python/test_gpu_rules.py). Every mutant must be caught: some
+test must fail. Prints which tests caught which mutant.
+
+    python tests/mutations/run.py                   # every mutant, against the tests meant to catch it
+    python tests/mutations/run.py --all-tests       # ... against every simulated-device test
+    python tests/mutations/run.py --only ready-without-wait --seeds 1,2
+
+The source is copied to build/mutants/src and built once there (CMake + Ninja,
+no C++ tests); each mutant changes one file, is rebuilt incrementally, staged
+with the Python package on PYTHONPATH, tested, and reverted. Exit status: 0
+when every mutant was caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name: (file, [(original text, mutated text), ...], what the bug is, the tests
+# meant to catch it: a pytest -k expression within test_gpu_rules.py)
+MUTANTS = {
+    "ready-without-wait": (
+        "csrc/batchcast/consumer/mapped_ring.cpp",
+        [("    cuda::runtime().stream_wait(stream, memory_->event(event));\n", "")],
+        "the consumer's stream does not wait on the slot's event before reading it",
+        "read_after_its_copy",
+    ),
+    "event-before-copy": (
+        "csrc/batchcast/ring/cuda_ring.cpp",
+        [("    sources_[buffer].clear();\n", "    sources_[buffer].clear();\n    memory_->record_slot(slot.event);\n"),
+         ("    memory_->record_slot(slot.event);\n    memory_->finish_staging();\n",
+          "    memory_->finish_staging();\n")],
+        "the producer records the slot's event before the batch's copies instead of after",
+        "read_after_its_copy",
+    ),
+    "wrong-event": (
+        "csrc/batchcast/ring/cuda_ring.cpp",
+        [("    memory_->record_slot(slot.event);\n",
+          "    memory_->record_slot((slot.event + 1) % static_cast<int>(description_.event_handles.size()));\n")],
+        "the producer records another slot's event than the one it announces",
+        "read_after_its_copy",
+    ),
+    "staging-reused-without-wait": (
+        "csrc/batchcast/cuda/transport.cpp",
+        [("  rt.event_synchronize(s.done);\n", "")],
+        "a staging buffer is refilled before the copies out of it are done",
+        "read_after_its_copy and pageable",
+    ),
+    "pinned-source-dropped": (
+        "csrc/batchcast/ring/cuda_ring.cpp",
+        [("        sources_[buffer].push_back(*t);  // alive until the copy is done\n", "")],
+        "a pinned loader tensor is let go before the copy straight out of it is done",
+        "read_after_its_copy and pinned",
+    ),
+    "release-ignores-stream": (
+        "csrc/batchcast/consumer/mapped_ring.cpp",
+        [("    void* event = nullptr;\n    try {\n      cuda::DeviceScope scope(stream->device);\n",
+          "    released_(seq);\n    return;\n    void* event = nullptr;\n    try {\n"
+          "      cuda::DeviceScope scope(stream->device);\n")],
+        "a slot goes back as soon as its tensors are freed, before the consumer's stream is past them",
+        "reused_only_after",
+    ),
+    "release-after-device-ignored": (
+        "csrc/batchcast/consumer/mapped_ring.cpp",
+        [("    if (after_ == ReleaseAfter::Device) {\n", "    if (false) {\n")],
+        "release_after='device' waits only for the streams the batch was taken and freed on",
+        "side_stream",
+    ),
+}
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def copy_source(src: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for rel in files.decode().split("\0"):
+        if not rel or not (ROOT / rel).is_file():
+            continue
+        target = src / rel
+        if target.exists() and target.read_bytes() == (ROOT / rel).read_bytes():
+            continue  # unchanged: keep its time stamp, so Ninja rebuilds nothing
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", choices=sorted(MUTANTS), help="these mutants only")
+    ap.add_argument("--seeds", default="1", help="simulated-device seeds for the tests (BATCHCAST_SIMULATED_SEEDS)")
+    ap.add_argument("--all-tests", action="store_true",
+                    help="run every simulated-device test on each mutant (default: the tests meant to catch it)")
+    ap.add_argument("--work", default=str(ROOT / "build" / "mutants"))
+    ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
+    args = ap.parse_args()
+    work = Path(args.work)
+    src, build, stage = work / "src", work / "build", work / "stage"
+    names = args.only or list(MUTANTS)
+
+    started = time.monotonic()
+    copy_source(src)
+    for name in names:  # the pristine text must be there, exactly once
+        rel, edits, _, _ = MUTANTS[name]
+        for old, _ in edits:
+            count = (src / rel).read_text().count(old)
+            if count != 1:
+                print(f"mutant {name}: its original text occurs {count} times in {rel}; update {__file__}")
+                return 1
+    if not (build / "build.ninja").exists():
+        run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+             f"-DPython_EXECUTABLE={sys.executable}", "-DBATCHCAST_BUILD_TESTS=OFF",
+             "-DBATCHCAST_BUILD_EXAMPLES=OFF"], stdout=subprocess.DEVNULL)
+    run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)
+    print(f"built the unmutated copy in {time.monotonic() - started:.0f} s")
+
+    results = []
+    for name in names:
+        rel, edits, what, targets = MUTANTS[name]
+        path = src / rel
+        pristine = path.read_text()
+        t0 = time.monotonic()
+        try:
+            mutated = pristine
+            for old, new in edits:
+                mutated = mutated.replace(old, new)
+            path.write_text(mutated)
+            run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)
+            if stage.exists():
+                shutil.rmtree(stage)
+            shutil.copytree(ROOT / "python" / "batchcast", stage / "batchcast",
+                            ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+            for so in build.glob("_C*.so"):
+                shutil.copy2(so, stage / "batchcast")
+            report = work / f"{name}.xml"
+            env = {**os.environ, "PYTHONPATH": f"{stage}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   "BATCHCAST_SIMULATED_SEEDS": args.seeds}
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                 "simulated" if args.all_tests else f"simulated and ({targets})",
+                 f"--junitxml={report}", str(ROOT / "tests" / "python" / "test_gpu_rules.py")],
+                env=env, text=True, capture_output=True, cwd=str(ROOT))
+            failed = []
+            if report.exists():
+                for case in ET.parse(report).getroot().iter("testcase"):
+                    if any(child.tag in ("failure", "error") for child in case):
+                        failed.append(case.get("name"))
+            results.append((name, what, proc.returncode != 0 and bool(failed), failed, time.monotonic() - t0))
+        finally:
+            path.write_text(pristine)
+        caught = "CAUGHT" if results[-1][2] else "SURVIVED"
+        print(f"{caught:8s} {name} ({results[-1][4]:.0f} s): {what}", flush=True)
+        for test in results[-1][3]:
+            print(f"           failed: {test}")
+    run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)  # back to pristine
+    survived = [r[0] for r in results if not r[2]]
+    print(f"{len(results) - len(survived)} of {len(results)} mutants caught"
+          + (f"; SURVIVED: {', '.join(survived)}" if survived else "")
+          + f" ({time.monotonic() - started:.0f} s)")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

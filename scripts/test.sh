@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
 # CTest), a fuzz run of the decoder, the Python API, command line and
-# examples with real processes (pytest), and the pip wheel on its own.
+# examples with real processes (pytest; the GPU path on a simulated device),
+# the mutants of the GPU path, and the pip wheel on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -25,6 +26,12 @@ echo "== Fuzzing the message decoder (${BATCHCAST_FUZZ_SECONDS:-30} s)"
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 echo "== Python tests"
 # `import batchcast` is the package installed above (python/ is not on sys.path).
+# The GPU ring's rules run on the simulated device with two fixed seeds and a
+# new one each run (a failing test's name shows its seed).
+export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
+echo "   simulated-device seeds: $BATCHCAST_SIMULATED_SEEDS"
 $PY -m pytest -q -p no:cacheprovider tests/python "$@"
+echo "== Mutants: each deliberate bug in the GPU path is caught by a test (simulated device)"
+$PY tests/mutations/run.py
 echo "== Wheel: pip alone (bundled libzmq, pinned torch, the system's libzmq hidden)"
 bash scripts/wheel-check.sh

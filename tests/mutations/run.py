@@ -6,6 +6,7 @@ test must fail. Prints which tests caught which mutant.
     python tests/mutations/run.py                   # every mutant, against the tests meant to catch it
     python tests/mutations/run.py --all-tests       # ... against every simulated-device test
     python tests/mutations/run.py --only ready-without-wait --seeds 1,2
+    python tests/mutations/run.py --on gpu          # on a GPU machine: the same tests on the GPU
 
 The source is copied to build/mutants/src and built once there (CMake + Ninja,
 no C++ tests); each mutant changes one file, is rebuilt incrementally, staged
@@ -101,6 +102,10 @@ def main() -> int:
     ap.add_argument("--seeds", default="1", help="simulated-device seeds for the tests (BATCHCAST_SIMULATED_SEEDS)")
     ap.add_argument("--all-tests", action="store_true",
                     help="run every simulated-device test on each mutant (default: the tests meant to catch it)")
+    ap.add_argument("--on", choices=["simulated", "gpu"], default="simulated",
+                    help="run the tests on the simulated device, or on a real GPU")
+    ap.add_argument("--cmake-arg", action="append", default=[],
+                    help="an extra CMake argument for the mutants' build (repeatable)")
     ap.add_argument("--work", default=str(ROOT / "build" / "mutants"))
     ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
     args = ap.parse_args()
@@ -120,7 +125,7 @@ def main() -> int:
     if not (build / "build.ninja").exists():
         run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
              f"-DPython_EXECUTABLE={sys.executable}", "-DBATCHCAST_BUILD_TESTS=OFF",
-             "-DBATCHCAST_BUILD_EXAMPLES=OFF"], stdout=subprocess.DEVNULL)
+             "-DBATCHCAST_BUILD_EXAMPLES=OFF", *args.cmake_arg], stdout=subprocess.DEVNULL)
     run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)
     print(f"built the unmutated copy in {time.monotonic() - started:.0f} s")
 
@@ -143,11 +148,12 @@ def main() -> int:
             for so in build.glob("_C*.so"):
                 shutil.copy2(so, stage / "batchcast")
             report = work / f"{name}.xml"
+            where = "simulated" if args.on == "simulated" else "hardware"  # the runs' ids
             env = {**os.environ, "PYTHONPATH": f"{stage}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                    "BATCHCAST_SIMULATED_SEEDS": args.seeds}
             proc = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-                 "simulated" if args.all_tests else f"simulated and ({targets})",
+                 where if args.all_tests else f"{where} and ({targets})",
                  f"--junitxml={report}", str(ROOT / "tests" / "python" / "test_gpu_rules.py")],
                 env=env, text=True, capture_output=True, cwd=str(ROOT))
             failed = []

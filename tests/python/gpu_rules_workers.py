@@ -40,24 +40,9 @@ import time
 import torch
 
 import batchcast as bc
+from gpu_workers import touch, wait_for_file  # beside this file
 
 SIMULATED = bc._C.simulated.active()
-
-
-def touch(path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(tmp, path)
-
-
-def wait_for_file(path: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # ---- the calling thread's CUDA context, as the driver (or the simulation) sees it ----

@@ -34,10 +34,11 @@ SEEDS = [int(s) for s in os.environ.get("BATCHCAST_SIMULATED_SEEDS", "1,2").spli
 GPU = bc.cuda_available()
 
 
-@pytest.fixture(params=[f"simulated-{s}" for s in SEEDS] + ["gpu"])
+@pytest.fixture(params=[f"simulated-{s}" for s in SEEDS] + ["hardware"])
 def device(request):
-    """Where the ring lives: the simulated device with a seed, or a real GPU."""
-    if request.param == "gpu":
+    """Where the ring lives: the simulated device with a seed, or a real GPU
+    ("hardware": pytest -k hardware selects those runs, -k simulated the others)."""
+    if request.param == "hardware":
         if not GPU:
             pytest.skip("no CUDA GPU visible to batchcast (the simulated device runs these rules here)")
         return Device(None, sample_bytes=16 << 20, loader_batch=4, samples=32, lag_us=20000)

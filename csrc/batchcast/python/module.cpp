@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <ATen/ops/from_blob.h>
 
 #include <atomic>
 #include <chrono>

@@ -97,10 +97,12 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def eventually(condition, what: str, timeout: float = 30.0):
+def eventually(condition, what: str, timeout: float = 30.0, watch=(), err=None):
     """Waits until condition() is true (returning its value); fails naming
-    `what` after `timeout` seconds. For states another process or thread
-    reaches (a stats value, a file), never a fixed sleep."""
+    `what` after `timeout` seconds, or at once when a process in `watch`
+    exits first (with its stderr, from err(process), when given). For states
+    another process or thread reaches (a stats value, a file), never a fixed
+    sleep. The one waiting helper of the tests."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -108,6 +110,10 @@ def eventually(condition, what: str, timeout: float = 30.0):
         value = condition()
         if value:
             return value
+        for p in watch:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: {p.args[2:]} exited {p.returncode} first:\n"
+                                     + (err(p) if err else ""))
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.01)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import batchcast as bc
+from conftest import eventually
 
 HERE = Path(__file__).parent
 MiB = 1 << 20
@@ -92,26 +93,13 @@ def gpu(tmp_path, runtime_dir):
     g.kill_all()
 
 
-def wait_until(condition, what: str, timeout: float = 60, watch=(), procs: GpuProcs | None = None) -> None:
-    """Polls `condition` until it holds; fails at once if a watched process exits."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for p in watch:
-            if p.poll() is not None:
-                err = procs.err(p) if procs else ""
-                raise AssertionError(f"{what}: {p.args[2:]} exited {p.returncode} first:\n{err}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
 def gpu_free_bytes() -> int:
     return torch.cuda.mem_get_info(0)[0]
 
 
 def assert_gpu_memory_back_to(before: int) -> None:
     # The driver frees a process's memory as it exits; wait for it, not for a time.
-    wait_until(lambda: before - gpu_free_bytes() < 64 * MiB,
+    eventually(lambda: before - gpu_free_bytes() < 64 * MiB,
                "GPU memory back to its baseline after every process exited", timeout=30)
 
 
@@ -249,8 +237,8 @@ def test_a_consumer_killed_while_holding_gpu_batches_does_not_hold_the_others(gp
     victim = gpu.start("consume", name, "--batch-size", 10, "--keep", "--held-after", slots - 2,
                        "--held", held, out="victim.json")
     survivor = gpu.start("consume", name, "--batch-size", 30, "--check-values", out="survivor.json")
-    wait_until(held.exists, "the victim holds most of the ring", timeout=90,
-               watch=(victim, producer, survivor), procs=gpu)
+    eventually(held.exists, "the victim holds most of the ring", timeout=90,
+               watch=(victim, producer, survivor), err=gpu.err)
     gpu.kill(victim)  # mid-epoch, holding every batch it took
     gpu.wait_all()
     r = gpu.result("survivor.json")

@@ -138,19 +138,11 @@ def test_mismatched_sample_shapes_are_a_clear_error_not_corruption(procs, name):
     assert "[3, 2, 2]" in r["error"] and "[3, 3, 3]" in r["error"]
 
 
-def wait_for(path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.05)
-
-
 def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
     p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--slots", "4")
     c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01",
-                    "--ready", str(procs.tmp / "ready"), out="c.json")
-    wait_for(procs.tmp / "ready")
-    time.sleep(1)
+                    "--ready", str(procs.tmp / "ready"), "--ready-after", "5", out="c.json")
+    eventually((procs.tmp / "ready").exists, "the consumer's fifth batch", 60, watch=(p, c))
     p.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     c.wait(30)
@@ -162,11 +154,12 @@ def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
 def test_killed_consumer_does_not_stall_the_others(procs, name):
     procs.start("produce", name, "--samples", "3000", "--loader-batch", "10", "--slots", "4",
                 "--min-consumers", "2")
+    # Killed once it has batches: both consumers had joined, loading began, and
+    # the producer waits for the victim (lockstep) while it sleeps.
     victim = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.5",
-                         "--ready", str(procs.tmp / "ready"), out="v.json")
+                         "--ready", str(procs.tmp / "ready"), "--ready-after", "2", out="v.json")
     procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
-    wait_for(procs.tmp / "ready")
-    time.sleep(2)
+    eventually((procs.tmp / "ready").exists, "the victim's second batch", 60, watch=(victim,))
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     procs.procs.remove(victim)
@@ -197,11 +190,13 @@ def test_consumers_killed_at_random_points_are_dropped_and_the_others_get_everyt
     survivor = procs.start("consume", name, "--batch-size", "7", "--check-values", "--sleep", "0.01",
                            "--epochs", "2", out="s.json")
     ready = [procs.tmp / f"ready{k}" for k in range(2)]
+    # Ready at their first batch: all three joined and loading began (killed
+    # before that, a victim would leave the producer waiting for a third).
     victims = [procs.start("consume", name, "--batch-size", str(rng.choice([3, 10, 25])),
-                           "--sleep", "0.02", "--ready", str(ready[k]), "--epochs", "2",
-                           out=f"v{k}.json") for k in range(2)]
+                           "--sleep", "0.02", "--ready", str(ready[k]), "--ready-after", "1",
+                           "--epochs", "2", out=f"v{k}.json") for k in range(2)]
     for f in ready:
-        wait_for(f)
+        eventually(f.exists, f"{f.name}: a victim's first batch", 60, watch=(p, *victims))
     # One more joins mid-epoch and dies at a random point of its start-up or join.
     victims.append(procs.start("consume", name, "--batch-size", "5", out="v2.json"))
     for v in victims:  # waiting, mid-epoch, holding batches: whenever the seed says
@@ -282,7 +277,7 @@ def test_a_signal_storm_aborts_nothing_and_loses_nothing(procs, name):
     b = procs.start("consume", name, "--batch-size", "32", "--epochs", "3", "--count-signals",
                     "--ready", str(ready[2]), out="b.json")
     for f in ready:  # handlers installed: a signal no longer kills
-        wait_for(f)
+        eventually(f.exists, f"{f.name}: a signal handler installed", 60, watch=(p, a, b))
     storm = subprocess.Popen([sys.executable, "-c", STORM, str(p.pid), str(a.pid), str(b.pid)])
     try:
         procs.wait_all(timeout=180)
@@ -325,9 +320,12 @@ def test_the_core_prints_nothing_to_stderr(procs, name):
     a = procs.start("consume", name, "--batch-size", "10", "--keep", "--quiet", out="a.json")
     b = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.001", "--quiet",
                     out="b.json")
+    # Killed at its first batch: all three joined (killed sooner, it would leave
+    # the producer waiting for a third), and the producer waits for it
+    # (lockstep) until it dies.
     victim = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.5", "--quiet",
-                         "--ready", str(procs.tmp / "victim"), out="v.json")
-    wait_for(procs.tmp / "victim")  # joined: the producer waits for it (lockstep) until it dies
+                         "--ready", str(procs.tmp / "victim"), "--ready-after", "1", out="v.json")
+    eventually((procs.tmp / "victim").exists, "the victim's first batch", 60, watch=(p, victim))
     victim.kill()
     victim.wait()
     procs.procs.remove(victim)
@@ -362,8 +360,8 @@ def test_a_name_is_free_as_soon_as_its_producer_dies_even_with_loader_workers_al
     p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--workers", "2",
                     "--slots", "2")
     c = procs.start("consume", name, "--batch-size", "10", "--sleep", "0.01",
-                    "--ready", str(procs.tmp / "ready"), out="c.json")
-    wait_for(procs.tmp / "ready")
+                    "--ready", str(procs.tmp / "ready"), "--ready-after", "1", out="c.json")
+    eventually((procs.tmp / "ready").exists, "the consumer's first batch", 60, watch=(p, c))
     workers = eventually(lambda: [int(d) for d in os.listdir("/proc") if d.isdigit() and _parent(int(d)) == p.pid],
                          "the producer's loader workers")
     p.kill()

@@ -133,7 +133,8 @@ def consume(args: argparse.Namespace) -> None:
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "max_wait": 0.0}
     kept = []  # --keep: a user who stores batches instead of clones of them
-    if args.ready:
+    received = 0
+    if args.ready and args.ready_after == 0:
         open(args.ready, "w").close()  # joined
     try:
         result["len"] = len(consumer)
@@ -150,6 +151,9 @@ def consume(args: argparse.Namespace) -> None:
                     result["max_wait"] = max(result["max_wait"], time.monotonic() - asked)
                 if batch is None:
                     break
+                received += 1
+                if args.ready and received == args.ready_after:
+                    open(args.ready, "w").close()  # the producer is serving this consumer
                 if args.check_values:
                     check_values(batch)
                 ids += sample_ids(batch)
@@ -226,6 +230,8 @@ def main() -> None:
     parser.add_argument("--ring-bytes", type=int, default=0)
     parser.add_argument("--write-in-place", action="store_true")
     parser.add_argument("--ready", default="", help="file to create once joined (producer: serving)")
+    parser.add_argument("--ready-after", type=int, default=0,
+                        help="consumer: create --ready once this many batches arrived instead")
     parser.add_argument("--out", default="")
     parser.add_argument("--quiet", action="store_true", help="silence batchcast's warnings and logs")
     args = parser.parse_args()

@@ -1,8 +1,8 @@
 """One shared loading pipeline against the alternatives, side by side.
 
-    python benchmarks/compare.py                      # every experiment (~14 min on 2 CPUs)
-    python benchmarks/compare.py --with-tensorsocket  # ... and TensorSocket 0.0.5 (~18 min)
-    python benchmarks/compare.py --quick              # smoke run, tiny sizes (< 2 min)
+    python benchmarks/compare.py --with-tensorsocket  # everything (~40 min on 2 CPUs)
+    python benchmarks/compare.py                      # ... without TensorSocket (~30 min)
+    python benchmarks/compare.py --quick              # smoke run, tiny sizes (< 3 min)
 
 Systems, each fed the same data by the same loader settings (DataLoader with
 the same workers, batch size and sampler), on the same CPU set, interleaved
@@ -17,28 +17,40 @@ and repeated (medians with [min, max]):
                 its own venv (benchmarks/.venv-tensorsocket, reusing this torch)
   plain         (overhead experiment only) a Python loop over batches in memory
 
-Experiments (--experiments):
+Experiments (--experiments), one epoch each (exact: 2), long enough that
+start-up stays under 10% of the window:
 
-  busy      K = 1, 2, 4, 8 trainers, synthetic dataset with a set CPU cost per sample
-  jpeg      K = 1, 2, 4, 8 trainers, ImageNet-like JPEG pipeline (decode,
-            RandomResizedCrop(224), flip, normalize), files generated once
+  busy      K = 1, 2, 4, 8 trainers, synthetic dataset with a set CPU cost per
+            sample, 3,200 samples (100 loader batches of 32)
+  jpeg      K = 1, 2, 4 trainers (--jpeg-ks), ImageNet-like JPEG pipeline (decode,
+            RandomResizedCrop(224), flip, normalize), files generated once,
+            3,200 samples (50 loader batches of 64)
   mixed     trainers with batch sizes 32 / 64 / 128 from a loader of 64
   speeds    trainers with steps of 10 / 20 / 40 ms, with the default ring and a
             larger one (batchcast+ring)
   exact     correctness: 1,003 samples, loader batch 32, trainers of 24 / 32 / 100
-  overhead  what receiving a batch costs a trainer that steps 20 ms between
-            batches: process CPU per batch beyond a plain loop, time in next()
+  overhead  what receiving a batch costs a trainer that steps 20 ms per batch:
+            process CPU per batch beyond a plain loop, time in next()
 
-The GPU step is emulated by sleeping (no GPU here): a trainer takes a batch,
-sleeps its step, and records the sample indices it received; every trainer's
-indices are checked (distinct, duplicated, missing per epoch).
+Each of busy, jpeg, mixed and speeds also runs one loader alone (the same
+DataLoader, iterated by one process that reads every batch and never sleeps):
+the bound, K x its rate unless the trainers' steps are the tighter limit.
+
+The GPU step is emulated (no GPU here): a trainer takes a batch, reads all of
+it once (a copy of every tensor into a buffer kept across steps, as a
+host-to-device copy would), sleeps the rest of its step, and records the
+sample indices it received; every trainer's indices are checked (distinct,
+duplicated, missing per epoch).
 
 Per configuration: aggregate samples/s over one common window (from the start
 signal, given to every process at once after all are set up, to the last
-trainer's last step); per-trainer samples/s; CPU seconds of every process of
-the configuration (children included) per delivered sample; total memory (PSS
-summed over all its processes, peak of a few samples); each trainer's share of
-time waiting for data (inside next()). Details: benchmarks/README.md.
+trainer's last step) and its share of the bound; first batch, start-up (until
+every trainer has its first batch) and its share of the window; per-trainer
+samples/s; the read's time per batch; CPU seconds of every process of the
+configuration (children included) per delivered sample; total memory (PSS
+summed over all its processes, peak of samples over the whole run); each
+trainer's share of time waiting for data (inside next()). Details:
+benchmarks/README.md.
 
 Writes <out>/compare.md (tables), compare.json (every raw measurement) and
 compare.png (plot; needs matplotlib). --out defaults to benchmarks/results
@@ -56,6 +68,7 @@ import platform
 import select
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,7 +92,11 @@ def busy(args, samples: int, cost_ms: float, shape=(3, 64, 64)) -> dict:
 
 
 def plan(args) -> list[dict]:
-    """Every configuration: what is loaded, by which trainers, under which systems."""
+    """Every configuration: what is loaded, by which trainers, under which systems.
+    Each workload of a trainer-count experiment also gets one loader alone
+    (`<experiment>/alone`): the same DataLoader at the loader's batch size,
+    iterated by one process that reads every batch and never sleeps; the bound
+    of the experiment's configurations comes from it."""
     q = args.quick
     shared = [s for s in args.systems if s != "dataloader"]
     configs = []
@@ -90,29 +107,45 @@ def plan(args) -> list[dict]:
                         "trainers": [{"batch_size": b, "step_ms": s} for b, s in trainers],
                         "systems": [s for s in systems if s in args.systems or s == "plain"
                                     or s.split("+")[0] in args.systems],
-                        "slots": args.slots, "repeats": extra.pop("repeats", args.repeats), **extra})
+                        "slots": args.slots, "repeats": extra.pop("repeats", args.repeats),
+                        **extra})
+
+    def alone(experiment, workload, lbs, epochs):
+        """One loader alone, reading each batch as a trainer does, without a step."""
+        configs.append({"id": f"{experiment}/alone", "experiment": "alone", "of": experiment,
+                        "title": f"one loader alone ({experiment})", "workload": workload,
+                        "loader_batch": lbs, "epochs": epochs,
+                        "trainers": [{"batch_size": lbs, "step_ms": 0.0}],
+                        "systems": ["dataloader"], "slots": args.slots, "repeats": args.repeats})
 
     if "busy" in args.experiments:
-        w = busy(args, 160 if q else args.busy_samples, args.cost_ms)
+        w = busy(args, 640 if q else args.busy_samples, args.cost_ms)
+        alone("busy", w, 32, args.epochs)
         for k in args.ks:
             add(f"busy/K={k}", "busy", f"synthetic {args.cost_ms:g} ms/sample", w, 32, args.epochs,
-                [(32, args.step_ms)] * k, args.systems)
+                [(32, args.step_ms)] * k, args.systems, alone="busy/alone")
     if "jpeg" in args.experiments:
-        w = {"kind": "jpeg", "samples": 192 if q else args.jpeg_samples, "size": 224,
-             "workers": args.workers, "shuffle": True, "seed": 0}
-        for k in (args.ks if not q else [1]):
+        samples = 256 if q else args.jpeg_samples
+        w = {"kind": "jpeg", "samples": samples, "files": min(samples, args.jpeg_files),
+             "size": 224, "workers": args.workers, "shuffle": True, "seed": 0}
+        alone("jpeg", w, 64, args.epochs)
+        for k in ([1] if q else args.jpeg_ks or args.ks):
             add(f"jpeg/K={k}", "jpeg", "JPEG decode + RandomResizedCrop(224) + flip + normalize", w,
-                64, args.epochs if not q else 1, [(64, args.step_ms)] * k, args.systems)
+                64, args.epochs, [(64, args.step_ms)] * k, args.systems, alone="jpeg/alone")
     if "mixed" in args.experiments:
-        add("mixed", "mixed", "batch sizes 32 / 64 / 128 from a loader of 64",
-            busy(args, 256 if q else 640, 2.0), 64, args.epochs,
-            [(32, args.step_ms), (64, args.step_ms), (128, args.step_ms)], args.systems)
+        w = busy(args, 640 if q else args.mixed_samples, 2.0)
+        alone("mixed", w, 64, args.epochs)
+        add("mixed", "mixed", "batch sizes 32 / 64 / 128 from a loader of 64", w, 64, args.epochs,
+            [(32, args.step_ms), (64, args.step_ms), (128, args.step_ms)], args.systems,
+            alone="mixed/alone")
     if "speeds" in args.experiments:
-        samples = 256 if q else 1280
-        add("speeds", "speeds", "steps of 10 / 20 / 40 ms per batch of 64",
-            busy(args, samples, 0.5), 64, args.epochs, [(64, 10), (64, 20), (64, 40)],
+        samples = 640 if q else args.speeds_samples
+        w = busy(args, samples, 0.5)
+        alone("speeds", w, 64, args.epochs)
+        add("speeds", "speeds", "steps of 10 / 20 / 40 ms per batch of 64", w, 64, args.epochs,
+            [(64, 10), (64, 20), (64, 40)],
             ["dataloader", "batchcast", "batchcast+ring", "mpqueue", "tensorsocket"],
-            ring_slots=args.ring_slots or (samples // 64 * args.epochs + 2))
+            ring_slots=args.ring_slots or (samples // 64 * args.epochs + 2), alone="speeds/alone")
     if "exact" in args.experiments:
         add("exact", "exact", "1,003 samples, loader batch 32, trainers of 24 / 32 / 100",
             busy(args, 1003, 0.2, (3, 8, 8)), 32, 2, [(24, 2), (32, 2), (100, 2)], args.systems,
@@ -197,8 +230,9 @@ def tail(path: Path, lines: int = 6) -> str:
 def ts_producer_batch(args, cfg: dict) -> int:
     """TensorSocket's producer_batch_size: loader batches per chunk it sends.
     Its smallest working setting: 2 when every trainer's batch divides two loader
-    batches (1 crashes: IndexError in its collate), else its default 8 (smaller
-    chunks livelock when a consumer batch spans chunks)."""
+    batches (1 crashes: IndexError in its collate), else 4 or 8 (smaller chunks
+    livelock when a consumer batch spans chunks). On long runs 2 beat 4 and 8 at
+    1 and 4 trainers: a larger chunk only adds what every consumer unpickles."""
     if args.ts_producer_batch_size:
         return args.ts_producer_batch_size
     lbs = cfg["loader_batch"]
@@ -239,8 +273,9 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
         spec["ts"] = {"ports": free_ports(4), "producer_batch_size": pbs}
         result["spec"]["ts"] = {"producer_batch_size": pbs, "payload_bytes": payload}
         if payload > args.ts_max_payload_mb * 2**20:
-            result["skipped"] = (f"not run: each of its broadcasts would pickle {payload / 2**30:.1f} GiB "
-                                 f"(every consumer unpickles all of it); limit --ts-max-payload-mb "
+            result["skipped"] = (f"not run: each of its broadcasts would pickle "
+                                 f"{payload / 2**30:.1f} GiB (every consumer unpickles all "
+                                 f"of it); limit --ts-max-payload-mb "
                                  f"{args.ts_max_payload_mb}")
             shutil.rmtree(run_dir, ignore_errors=True)
             return result
@@ -280,6 +315,7 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
     kill_at = None
     t_go = cpu_go = None
     pss_ready, pss_peak, next_pss = None, None, None
+    pss_series: list[list[float]] = []  # [seconds after the start, total bytes] of every sample
     ended = False
     finished: set[str] = set()
     firsts: set[str] = set()
@@ -315,10 +351,12 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
                 code = procs[role].wait()
                 phases[f"exit:{role}"] = time.monotonic() - started
                 if code != 0:
-                    result["errors"].append(f"{role} exited with {code}: {tail(run_dir / f'{role}.log')}")
+                    result["errors"].append(
+                        f"{role} exited with {code}: {tail(run_dir / f'{role}.log')}")
                 if role == "producer" and t_go is not None and not ended and (
                         base == "tensorsocket" or code != 0):
-                    end("producer finished" if base == "tensorsocket" else f"producer exited ({code})",
+                    end("producer finished" if base == "tensorsocket"
+                        else f"producer exited ({code})",
                         roles=[f"trainer{i}" for i in range(k)])
                     ended = True
                 if t_go is None and code != 0:
@@ -331,13 +369,14 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
                 t_go = time.perf_counter()
                 server.broadcast("go", t_go=t_go)
                 phases["go"] = time.monotonic() - started
-                next_pss = time.monotonic() + args.pss_interval
+                next_pss = time.monotonic() + args.pss_interval  # then every interval to the end
             now = time.monotonic()
             if next_pss and now >= next_pss and len(finished) < k:
                 c0 = time.process_time()
                 sample = tree_pss(psutil, {m["pid"]: r for r, m in server.ready.items()})
                 sampler_cpu += time.process_time() - c0
                 sample["at_s"] = time.perf_counter() - t_go
+                pss_series.append([round(sample["at_s"], 3), sample["total"]])
                 if pss_peak is None or sample["total"] > pss_peak["total"]:
                     pss_peak = sample
                 next_pss = now + args.pss_interval
@@ -388,8 +427,8 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
         if f.exists():
             trainers.append(json.loads(f.read_text()))
         else:
-            trainers.append({"role": f"trainer{i}", "status": "no result", "samples": 0, "rate": 0.0,
-                             "exact": False, "epochs": [], "t_end": None})
+            trainers.append({"role": f"trainer{i}", "status": "no result", "samples": 0,
+                             "rate": 0.0, "exact": False, "epochs": [], "t_end": None})
             result["errors"].append(f"trainer{i}: no result: {tail(run_dir / f'trainer{i}.log')}")
     producer = run_dir / "producer.json"
     result["producer"] = json.loads(producer.read_text()) if producer.exists() else None
@@ -404,10 +443,18 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
         "cpu_s": cpu_s, "cpu_per_sample_ms": cpu_s / samples * 1e3 if samples else None,
         "cpu_to_exit_s": cpu_total,
         "pss_ready": pss_ready, "pss_peak": pss_peak or pss_ready, "pss_sampler_cpu_s": sampler_cpu,
+        "pss_samples": pss_series,
         "exact": all(t["exact"] for t in trainers) and len(trainers) == k,
         "trainers": trainers,
     })
     result.update(steady(trainers, t_go))
+    result["startup_share"] = (result["startup_s"] / window
+                               if result["startup_s"] is not None and window > 0 else None)
+    reads = [t.get("read_median_s") for t in trainers if t.get("read_median_s") is not None]
+    result["read_median_s"] = statistics.median(reads) if reads else None
+    # the trainers' reads, as a share of the CPUs over the window (time reading, all trainers)
+    read_s = sum(t.get("read_s") or 0.0 for t in trainers)
+    result["read_cpu_share"] = read_s / window / len(args.cpu_list) if window > 0 else None
     if args.keep_runs:
         result["run_dir"] = str(run_dir)
     else:
@@ -421,14 +468,17 @@ def steady(trainers: list[dict], t_go: float) -> dict:
     trainer's last batch, over that span (start-up and tail excluded)."""
     firsts = [t["arrivals"][0] for t in trainers if t.get("arrivals")]
     lasts = [t["arrivals"][-1] for t in trainers if t.get("arrivals")]
-    out = {"first_batch_s": [f - t_go for f in firsts], "steady": None, "steady_window_s": None}
+    out = {"first_batch_s": [f - t_go for f in firsts], "steady": None, "steady_window_s": None,
+           "startup_s": None}
     if len(firsts) < len(trainers) or not firsts:
         return out
+    out["startup_s"] = max(firsts) - t_go  # until every trainer has its first batch
     w0, w1 = max(firsts), min(lasts)
     inside = [sum(1 for when in t["arrivals"] if w0 < when <= w1) for t in trainers]
     if w1 - w0 <= 0 or min(inside) < 3:  # too short to say
         return out
-    n = sum(size for t in trainers for when, size in zip(t["arrivals"], t["sizes"]) if w0 < when <= w1)
+    n = sum(size for t in trainers for when, size in zip(t["arrivals"], t["sizes"])
+            if w0 < when <= w1)
     out.update(steady=n / (w1 - w0), steady_window_s=w1 - w0)
     return out
 
@@ -452,9 +502,11 @@ def ensure_tensorsocket(venv: Path) -> str:
     if found is None or found[0] != TS_VERSION:
         print(f"installing tensorsocket {TS_VERSION} into {venv} ...", flush=True)
         if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                           check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-                        f"tensorsocket=={TS_VERSION}", "tornado>=6.0.0", "pyzmq>=25.0.0"], check=True)
+                        f"tensorsocket=={TS_VERSION}", "tornado>=6.0.0", "pyzmq>=25.0.0"],
+                       check=True)
         found = check()
     if found is None:
         sys.exit(f"tensorsocket does not import in {venv}")
@@ -482,12 +534,14 @@ def environment(args) -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpu": model, "cpus": os.cpu_count(), "cpu_set": args.cpu_list,
                     "arch": platform.machine(), "kernel": platform.release(),
-                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
+                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
+                                        * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
         "python": platform.python_version(), "torch": torch.__version__,
         "batchcast": getattr(batchcast, "__version__", "?"),
         "batchcast_git": git_describe(),
         "tensorsocket": TS_VERSION if "tensorsocket" in args.systems else None,
-        "gpu_step": "emulated: the trainer sleeps its step (no GPU)",
+        "gpu_step": "emulated: the trainer reads the batch once, then sleeps the rest of its step "
+                    "(no GPU)",
         "argv": sys.argv[1:],
         "settings": {k: v for k, v in vars(args).items()
                      if k not in ("ts_python", "tmp", "cpu_list", "out")},
@@ -523,36 +577,54 @@ def main() -> None:
         roles.main(a.role, a.spec, a.index)
         return
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: every system and experiment, tiny sizes")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: every system and experiment, tiny sizes")
     ap.add_argument("--with-tensorsocket", action="store_true",
                     help=f"also run TensorSocket {TS_VERSION} (installed into --ts-venv)")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=None,
-                    help="default: dataloader batchcast mpqueue (+ tensorsocket with --with-tensorsocket)")
+                    help="default: dataloader batchcast mpqueue "
+                         "(+ tensorsocket with --with-tensorsocket)")
     ap.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=EXPERIMENTS)
-    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8], help="trainer counts (busy, jpeg)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, interleaved")
-    ap.add_argument("--cpus", default="", help="CPU set for every process, e.g. 0-1 (default: all allowed)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="trainer counts (busy)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each configuration, interleaved")
+    ap.add_argument("--cpus", default="",
+                    help="CPU set for every process, e.g. 0-1 (default: all allowed)")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers per loader")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--step-ms", type=float, default=10.0, help="emulated GPU step (busy, jpeg, mixed)")
+    ap.add_argument("--epochs", type=int, default=1, help="epochs (all but exact, which has 2)")
+    ap.add_argument("--step-ms", type=float, default=10.0,
+                    help="emulated GPU step (busy, jpeg, mixed)")
     ap.add_argument("--cost-ms", type=float, default=5.0, help="CPU per sample of the busy dataset")
-    ap.add_argument("--busy-samples", type=int, default=320, help="samples per epoch (busy)")
-    ap.add_argument("--jpeg-samples", type=int, default=256, help="samples per epoch (jpeg)")
+    ap.add_argument("--busy-samples", type=int, default=3200, help="samples per epoch (busy)")
+    ap.add_argument("--jpeg-samples", type=int, default=3200, help="samples per epoch (jpeg)")
+    ap.add_argument("--jpeg-files", type=int, default=512,
+                    help="distinct JPEG files (sample i decodes file i %% files)")
+    ap.add_argument("--jpeg-ks", type=int, nargs="+", default=[1, 2, 4],
+                    help="trainer counts of the jpeg experiment (1 2 4 8: ~6 min more)")
+    ap.add_argument("--mixed-samples", type=int, default=6400, help="samples per epoch (mixed)")
+    ap.add_argument("--speeds-samples", type=int, default=6400, help="samples per epoch (speeds)")
     ap.add_argument("--overhead-batches", type=int, default=300)
-    ap.add_argument("--slots", type=int, default=8, help="batchcast ring slots; queue depth of the others")
+    ap.add_argument("--slots", type=int, default=8,
+                    help="batchcast ring slots; queue depth of the others")
     ap.add_argument("--ring-slots", type=int, default=0,
                     help="slots of batchcast+ring in the speeds experiment (default: both epochs)")
-    ap.add_argument("--run-timeout", type=float, default=150.0, help="seconds one run may take")
-    ap.add_argument("--pss-interval", type=float, default=2.0,
-                    help="seconds between memory samples (also one when every trainer has its first batch)")
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds one run may take")
+    ap.add_argument("--pss-interval", type=float, default=1.0,
+                    help="seconds between memory samples, from the start to the last trainer's end "
+                         "(also one when every trainer has its first batch)")
+    ap.add_argument("--pss-tolerance", type=float, default=0.03,
+                    help="PSS target: K=8 may exceed K=1 + the extra interpreters by this fraction")
     ap.add_argument("--ts-venv", default=str(HERE / ".venv-tensorsocket"))
     ap.add_argument("--ts-producer-batch-size", type=int, default=0,
                     help="TensorSocket producer_batch_size (default: its smallest working setting)")
     ap.add_argument("--ts-max-payload-mb", type=float, default=512,
                     help="skip TensorSocket configurations whose broadcasts pickle more than this")
     ap.add_argument("--out", default="", help="output folder (default benchmarks/results)")
-    ap.add_argument("--keep-runs", action="store_true", help="keep each run's folder (logs, raw files)")
+    ap.add_argument("--keep-runs", action="store_true",
+                    help="keep each run's folder (logs, raw files)")
     args = ap.parse_args()
 
     if args.systems is None:
@@ -564,7 +636,8 @@ def main() -> None:
         args.ks = [2]
         args.run_timeout = min(args.run_timeout, 60)
     args.cpu_list = parse_cpus(args.cpus) or sorted(os.sched_getaffinity(0))
-    out = Path(args.out) if args.out else (HERE / ".cache" / "quick" if args.quick else HERE / "results")
+    out = Path(args.out) if args.out else (
+        HERE / ".cache" / "quick" if args.quick else HERE / "results")
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
 
@@ -576,7 +649,8 @@ def main() -> None:
         import batchcast  # noqa: F401  (fail here, not in every run)
     except ImportError as exc:
         sys.exit(f"batchcast does not import: {exc}")
-    args.ts_python = ensure_tensorsocket(Path(args.ts_venv)) if "tensorsocket" in args.systems else None
+    args.ts_python = (ensure_tensorsocket(Path(args.ts_venv))
+                      if "tensorsocket" in args.systems else None)
     set_subreaper()
     args.tmp = tempfile.mkdtemp(prefix="compare-")  # run folders; batchcast's sockets too
     os.environ.setdefault("BATCHCAST_RUNTIME_DIR", os.path.join(args.tmp, "runtime"))
@@ -585,7 +659,7 @@ def main() -> None:
     if any(c["workload"]["kind"] == "jpeg" for c in configs):
         from _compare.workloads import ensure_jpegs
 
-        folder = ensure_jpegs(HERE / ".cache", max(c["workload"]["samples"] for c in configs
+        folder = ensure_jpegs(HERE / ".cache", max(c["workload"]["files"] for c in configs
                                                    if c["workload"]["kind"] == "jpeg"))
         for c in configs:
             if c["workload"]["kind"] == "jpeg":
@@ -602,12 +676,14 @@ def main() -> None:
         for cfg in configs:
             if r >= cfg["repeats"]:
                 continue
-            systems = cfg["systems"][r % len(cfg["systems"]):] + cfg["systems"][:r % len(cfg["systems"])]
+            turn = r % len(cfg["systems"])
+            systems = cfg["systems"][turn:] + cfg["systems"][:turn]
             for system in systems:
                 res = run_one(args, cfg, system, r, psutil)
                 doc["runs"].append(res)
                 done += 1
-                print(f"[{done}/{total} {time.monotonic() - t_start:5.0f}s] {report.one_line(res)}", flush=True)
+                print(f"[{done}/{total} {time.monotonic() - t_start:5.0f}s] "
+                      f"{report.one_line(res)}", flush=True)
                 (out / "compare.json").write_text(json.dumps(doc, indent=1))
     doc["elapsed_s"] = time.monotonic() - t_start
     (out / "compare.json").write_text(json.dumps(doc, indent=1))

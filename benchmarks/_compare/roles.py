@@ -4,8 +4,10 @@ measured to <run_dir>/<role>.json.
 
   trainer      one training process: takes batches from its source (its own
                DataLoader, a batchcast Consumer, a torch.multiprocessing queue,
-               a TensorSocket consumer, or an in-memory list), "trains" by
-               sleeping the emulated GPU step, records the indices it got;
+               a TensorSocket consumer, or an in-memory list), "trains": reads
+               the whole batch once (a copy into a buffer kept across steps, as
+               a host-to-device copy would), then sleeps the rest of the
+               emulated GPU step; records the indices it got;
   producer     batchcast: bc.Producer over the shared loader;
   fanout       torch.multiprocessing: one loader, one bounded queue per trainer
                (it starts the trainers itself, so that they inherit the queues);
@@ -137,21 +139,39 @@ class TensorSocketSource:
     (StopIteration may never come, and the last chunk of each epoch is never
     sent), so an epoch here ends after as many batches as a DataLoader would
     give, or at StopIteration, whichever comes first; what arrived is recorded
-    as it is. The consumer is created after the start: its constructor waits
-    for the producer's first batch."""
+    as it is. The consumer registers before the start, as a batchcast consumer
+    joins: its constructor (which then waits for the producer's first message)
+    runs on a thread from set-up on, and the producer says it is ready only
+    once every consumer's heartbeat is registered; start() waits for it."""
 
     def __init__(self, spec: dict, index: int):
+        import logging
+
+        from tensorsocket import TensorConsumer
+
+        logging.getLogger().setLevel(logging.WARNING)  # importing it set the root logger to DEBUG
         self.spec, self.index = spec, index
         self.bs = spec["trainers"][index]["batch_size"]
         self.consumer = None
+        self.error: BaseException | None = None
+        self.built = threading.Event()
         self.stop_iterations = 0
+        p = spec["ts"]["ports"]
+
+        def build() -> None:
+            try:
+                self.consumer = TensorConsumer(port=p[0], ack_port=p[1], heart_ports=(p[2], p[3]),
+                                               batch_size=self.bs)
+            except BaseException as exc:  # noqa: BLE001 - raised in start()
+                self.error = exc
+            self.built.set()
+
+        threading.Thread(target=build, name="ts-consumer", daemon=True).start()
 
     def start(self) -> None:
-        from tensorsocket import TensorConsumer
-
-        p = self.spec["ts"]["ports"]
-        self.consumer = TensorConsumer(port=p[0], ack_port=p[1], heart_ports=(p[2], p[3]),
-                                       batch_size=self.bs)
+        self.built.wait()
+        if self.error is not None:
+            raise self.error
 
     def epoch(self, _e: int):
         expected = math.ceil(epoch_samples(self.spec) / self.bs)
@@ -182,6 +202,29 @@ def content_mismatches(batch) -> int:
     return int(((flat[:, 0] != index) | (flat[:, -1] != index)).sum())
 
 
+class Reader:
+    """Reads a whole batch once, as a trainer's host-to-device copy would: every
+    tensor of the batch is copied into a buffer kept across steps (a new one
+    only when a larger batch or another shape comes; a smaller last batch goes
+    into the front of the buffer)."""
+
+    def __init__(self):
+        self.buffers: list[torch.Tensor | None] = []
+        self.bytes = 0  # the buffers' size
+
+    def __call__(self, batch) -> None:
+        tensors = [x for x in batch if isinstance(x, torch.Tensor)]
+        if len(self.buffers) != len(tensors):
+            self.buffers = [None] * len(tensors)
+        for i, t in enumerate(tensors):
+            buf = self.buffers[i]
+            if (buf is None or buf.dtype != t.dtype or buf.dim() != t.dim() or t.dim() == 0
+                    or buf.shape[1:] != t.shape[1:] or len(buf) < len(t)):
+                buf = self.buffers[i] = torch.empty(t.shape, dtype=t.dtype)
+                self.bytes = sum(b.nbytes for b in self.buffers if b is not None)
+            (buf if t.dim() == 0 or len(buf) == len(t) else buf[:len(t)]).copy_(t)
+
+
 # ---- a trainer ------------------------------------------------------------------------
 class Recorder:
     def __init__(self, spec: dict, index: int, source, bar: Client):
@@ -194,6 +237,8 @@ class Recorder:
         self.wait_at_last = 0.0  # ... up to the last batch's step
         self.next_cpu = 0.0  # main-thread CPU seconds inside next() / iter()
         self.next_times: list[float] = []
+        self.reads: list[float] = []  # seconds each batch's read took
+        self.reader = Reader()
         self.arrivals: list[float] = []  # when each batch arrived (perf_counter)
         self.sizes: list[int] = []
         self.t_go = self.t0 = self.t_first = self.t_last = None
@@ -221,7 +266,11 @@ class Recorder:
             seconds = (t_end - self.t_go) if self.t_go is not None else float("nan")
             samples = sum(len(ids) for ids in self.epochs)
             times = sorted(self.next_times)
-            q = (lambda p: times[min(len(times) - 1, int(p * len(times)))]) if times else (lambda p: None)
+            reads = sorted(self.reads)
+
+            def q(p):
+                return times[min(len(times) - 1, int(p * len(times)))] if times else None
+
             stats = {}
             if hasattr(self.source, "stats"):
                 try:
@@ -246,6 +295,9 @@ class Recorder:
                 "proc_cpu_s": (cpu_self() - self.cpu0) if self.cpu0 is not None else None,
                 "next_median_s": statistics.median(times) if times else None,
                 "next_p10_s": q(0.1), "next_p90_s": q(0.9),
+                "read_median_s": statistics.median(reads) if reads else None,
+                "read_p90_s": reads[min(len(reads) - 1, int(0.9 * len(reads)))] if reads else None,
+                "read_s": sum(reads), "read_buffer_bytes": self.reader.bytes,
                 "source": stats,
             }
             result["arrivals"] = [round(t, 6) for t in self.arrivals]
@@ -344,7 +396,12 @@ def trainer(spec: dict, index: int, queue=None) -> None:
                 rec.t_first = rec.arrivals[-1]
                 bar.send("first")  # the driver samples memory once every trainer is running
             rec.batches += 1
-            time.sleep(step)  # the emulated GPU step, holding the batch
+            r = perf()
+            rec.reader(batch)  # the step reads the whole batch once (its host-to-device copy)
+            r = perf() - r
+            rec.reads.append(r)
+            if step > r:
+                time.sleep(step - r)  # the rest of the emulated GPU step, holding the batch
             if check:  # still what was sent, after holding it through the step
                 rec.corrupt += int(content_mismatches(batch))
             rec.t_last = perf()
@@ -381,7 +438,8 @@ def producer(spec: dict) -> None:
         clock["go"] = cpu_self()
 
     loader = Gated(make_loader(spec["workload"], spec["loader_batch"], spec.get("cpus")), start)
-    p = bc.Producer(loader, spec["name"], epochs=spec["epochs"], min_consumers=len(spec["trainers"]),
+    p = bc.Producer(loader, spec["name"], epochs=spec["epochs"],
+                    min_consumers=len(spec["trainers"]),
                     slots=spec["slots"], ring_bytes=spec.get("ring_bytes", 0))
     bar.on_end(_end_now(spec, "producer", {}))
     bar.ready()
@@ -421,7 +479,8 @@ def fanout(spec: dict) -> None:
     serve_cpu = cpu_self() - cpu0
     for p in procs:
         p.join()
-    write_result(spec, "producer", {"status": "complete", "batches": batches, "serve_cpu_s": serve_cpu,
+    write_result(spec, "producer", {"status": "complete", "batches": batches,
+                                    "serve_cpu_s": serve_cpu,
                                     "exitcodes": [p.exitcode for p in procs]})
 
 
@@ -433,24 +492,28 @@ def ts_producer(spec: dict) -> None:
 
     logging.getLogger().setLevel(logging.WARNING)  # importing it set the root logger to DEBUG
     bar = Client(spec["barrier"], "producer")
-    loader = Gated(make_loader(spec["workload"], spec["loader_batch"], spec.get("cpus")), bar.wait_go)
+    loader = Gated(make_loader(spec["workload"], spec["loader_batch"], spec.get("cpus")),
+                   bar.wait_go)
     ports = spec["ts"]["ports"]
     p = TensorProducer(loader, port=ports[0], ack_port=ports[1], heart_ports=(ports[2], ports[3]),
                        producer_batch_size=spec["ts"]["producer_batch_size"],
                        consumer_max_buffer_size=spec["slots"])
     bar.on_end(_end_now(spec, "producer", {}))
+    k = len(spec["trainers"])
+    t0 = time.perf_counter()
+    while len(p.hb.consumers) < k:  # every consumer registered (heartbeat): poll, it has no event
+        time.sleep(0.02)
+    registered = time.perf_counter() - t0
     bar.ready()
     bar.wait_go()
     cpu0 = cpu_self()
-    k = len(spec["trainers"])
-    while len(p.hb.consumers) < k:  # its registration has no event to wait on: poll it
-        time.sleep(0.02)
     calls = 0
     for _ in range(spec["epochs"]):
         for _ in p:
             calls += 1
     write_result(spec, "producer", {"status": "complete", "calls": calls, "epochs": p.epoch,
-                                    "serve_cpu_s": cpu_self() - cpu0})
+                                    "serve_cpu_s": cpu_self() - cpu0,
+                                    "registration_s": registered})
     bar.send("done")
     p.join()
     os._exit(0)  # its sockets and daemon threads can hold up a normal exit

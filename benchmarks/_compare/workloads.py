@@ -9,8 +9,9 @@ receive, so what each system delivered is part of the result.
   jpeg     an ImageNet-like pipeline over JPEG files generated once and cached:
            PIL decode, RandomResizedCrop(224) (torchvision's algorithm, with
            PIL's resize), random horizontal flip, to float, normalize (torch);
-           torchvision itself is not used (it does not load against a CPU
-           build of torch here);
+           sample i decodes file i % files (the crop and flip are seeded by i,
+           so every sample does its own work); torchvision itself is not used
+           (it does not load against a CPU build of torch here);
   memory   batches made up front (no loading cost), to measure what receiving
            a batch costs a trainer.
 """
@@ -116,10 +117,13 @@ def random_resized_crop_box(width: int, height: int, rng: random.Random,
 
 class JpegDataset(Dataset):
     """decode -> RandomResizedCrop(size) -> horizontal flip (p=0.5) -> float -> normalize.
-    The random choices are seeded by the index, so every system does the same work."""
+    Sample i decodes file i % files; the random choices are seeded by the index,
+    so every system does the same work."""
 
-    def __init__(self, folder: str, length: int, size: int = 224, seed: int = 0):
+    def __init__(self, folder: str, length: int, size: int = 224, seed: int = 0,
+                 files: int = 0):
         self.folder, self.length, self.size, self.seed = folder, length, size, seed
+        self.files = files or length
 
     def __len__(self) -> int:
         return self.length
@@ -128,7 +132,8 @@ class JpegDataset(Dataset):
         from PIL import Image
 
         rng = random.Random(self.seed * 1_000_003 + index)
-        with Image.open(os.path.join(self.folder, f"{index:06d}.jpg")) as img:
+        path = os.path.join(self.folder, f"{index % self.files:06d}.jpg")
+        with Image.open(path) as img:
             img = img.convert("RGB")
             box = random_resized_crop_box(img.width, img.height, rng)
             img = img.resize((self.size, self.size), Image.BILINEAR, box=box)
@@ -144,7 +149,8 @@ def make_dataset(w: dict) -> Dataset:
     if w["kind"] == "busy":
         return BusyDataset(w["samples"], w["cost_ms"], w["shape"])
     if w["kind"] == "jpeg":
-        return JpegDataset(w["jpeg_dir"], w["samples"], w.get("size", 224))
+        return JpegDataset(w["jpeg_dir"], w["samples"], w.get("size", 224),
+                           files=w.get("files", 0))
     raise ValueError(w["kind"])
 
 
@@ -185,7 +191,8 @@ class Gated:
 
     def __init__(self, loader, wait):
         self.loader, self.wait = loader, wait
-        self.batch_sampler = getattr(loader, "batch_sampler", None)  # lets batchcast see the epoch size
+        # lets batchcast see the epoch size
+        self.batch_sampler = getattr(loader, "batch_sampler", None)
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -12,13 +12,14 @@ from ._C import (
     CudaError,
     Error,
     Evicted,
+    GroupError,
     LoaderError,
     NameInUse,
     ProducerLost,
     RebatchError,
     Refused,
 )
-from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning
+from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning, ResumeWarning
 from .consumer import Consumer
 from .producer import Producer
 
@@ -55,6 +56,15 @@ __version__: str = _version()
 _C.set_report_handler(_report.handle)
 
 
+def __getattr__(name: str):
+    # batchcast.ray imports Ray: only when asked for (bc.ray.consumer(...)).
+    if name == "ray":
+        import importlib
+
+        return importlib.import_module(".ray", __name__)
+    raise AttributeError(f"module 'batchcast' has no attribute {name!r}")
+
+
 def cuda_available() -> bool:
     """Whether this batchcast can serve and receive batches in GPU memory here:
     built with its CUDA transport, and at least one GPU visible."""
@@ -67,6 +77,7 @@ __all__ = [
     "CudaError",
     "Error",
     "Evicted",
+    "GroupError",
     "KeptBatchesWarning",
     "LingerWarning",
     "LoaderError",
@@ -76,5 +87,6 @@ __all__ = [
     "ProducerLost",
     "RebatchError",
     "Refused",
+    "ResumeWarning",
     "cuda_available",
 ]

@@ -26,7 +26,14 @@ class LingerWarning(BatchcastWarning):
     ``linger`` seconds): batches they still hold are no longer valid."""
 
 
-_CATEGORIES = {"KeptBatches": KeptBatchesWarning, "Linger": LingerWarning}
+class ResumeWarning(BatchcastWarning):
+    """A consumer resumed at a position the producer no longer held: the
+    samples it had not taken of that epoch are lost to it, and the same
+    positions of the producer's next pass stand in for them."""
+
+
+_CATEGORIES = {"KeptBatches": KeptBatchesWarning, "Linger": LingerWarning,
+               "Resume": ResumeWarning}
 
 # Levels as the core numbers them (batchcast._C.ReportLevel).
 _DEBUG, _INFO, _NOTICE, _WARNING = 0, 1, 2, 3

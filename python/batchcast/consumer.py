@@ -11,6 +11,37 @@ from ._device import parse_device
 from ._structure import unflatten
 
 
+_STATE_FORMAT = "batchcast.Consumer/1"
+
+
+def _group_of(group: str | None, rank: int | None, world_size: int | None,
+              batch_size: int | None) -> tuple[str | None, int | None, int | None]:
+    """The group, rank and world size of a consumer (rank and world size from
+    torch.distributed when it is initialized and they are not given)."""
+    if group is None:
+        if rank is not None or world_size is not None:
+            raise ValueError("rank and world_size need group= (the name the ranks share)")
+        return None, None, None
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"group must be a non-empty str, not {group!r}")
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(f"group={group!r} needs rank= and world_size= (or an initialized "
+                             "torch.distributed process group to take them from)")
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    for label, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{label} must be an int, not {value!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), not {rank}")
+    if batch_size is None:
+        raise ValueError("a consumer group needs batch_size= (each rank's batch size)")
+    return group, rank, world_size
+
+
 class Consumer:
     """Iterate it like a DataLoader: each ``iter()`` is one epoch.
 
@@ -44,6 +75,29 @@ class Consumer:
     the whole GPU is past it). ``device="cuda:K"`` on another
     GPU costs one GPU-to-GPU copy per loader batch; ``device="cpu"`` from a GPU
     producer costs one device-to-host copy. ``stats()`` says which was chosen.
+
+    ``group``, ``rank`` and ``world_size`` make this consumer one rank of a
+    data-parallel trial (a DDP job): of each ``world_size * batch_size``
+    consecutive samples of the stream, rank r takes the r-th ``batch_size``, so
+    the ranks together see the epoch once while whole-stream consumers beside
+    them see all of it. ``rank`` and ``world_size`` default to
+    ``torch.distributed``'s when it is initialized. Every rank gets the same
+    number of batches: the last, partial window is padded up to a multiple of
+    ``world_size`` with the epoch's first samples and split evenly (unless
+    ``drop_last``, which drops it). The group starts once all its ranks are
+    present, at the next epoch, and counts as one consumer; if a rank exits,
+    leaves or is evicted, every other rank's next ``next()`` of that epoch
+    raises ``batchcast.GroupError``.
+
+    ``state_dict()`` is where the consumer stands (epoch, and position in the
+    producer's stream), as torchdata's ``StatefulDataLoader`` has it;
+    ``Consumer(..., state=saved)`` or ``load_state_dict(saved)`` continues from
+    there: exactly, while the producer still holds that position (other
+    consumers still use it, or it is among an epoch's first ``catch_up_window``
+    batches), and otherwise with the same positions of the producer's next
+    pass (a ``batchcast.ResumeWarning`` says so; ``stats()["resumed"]`` says
+    which). A state saved from another loader or another configuration is a
+    ``ValueError``.
     """
 
     def __init__(
@@ -57,6 +111,10 @@ class Consumer:
         device: Any = None,
         release_after: str = "stream",
         runtime_dir: str | None = None,
+        group: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
@@ -67,11 +125,12 @@ class Consumer:
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
+        self.group, self.rank, self.world_size = _group_of(group, rank, world_size, batch_size)
         placement, cuda_device = _C.Placement.AUTO, -1
         if device is not None:
             kind, cuda_device = parse_device(device, "device")
             placement = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
-        self._core = _C.Consumer(
+        self._options = dict(
             name=name,
             batch_size=batch_size,
             drop_last=self.drop_last,
@@ -81,8 +140,63 @@ class Consumer:
             placement=placement,
             cuda_device=cuda_device,
             release_after=_C.ReleaseAfter.STREAM if release_after == "stream" else _C.ReleaseAfter.DEVICE,
+            group=self.group or "",
+            rank=self.rank or 0,
+            world_size=self.world_size or 0,
         )
+        self._core: Any = None
         self._stats: dict | None = None
+        self._connect(state)
+
+    def _connect(self, state: dict[str, Any] | None) -> None:
+        resume = {}
+        if state is not None:
+            self._check_state(state)
+            if state["epoch"] is not None:
+                resume = {"resume_epoch": int(state["epoch"]),
+                          "resume_position": int(state["position"])}
+        core = _C.Consumer(**self._options, **resume)
+        loader = core.stats()["loader"]
+        if state is not None and state.get("loader") and loader and state["loader"] != loader:
+            core.close()
+            raise ValueError(
+                f"this state was saved from a consumer of another loader ({state['loader']!r}); "
+                f"producer '{self.name}' serves {loader!r}. Restore it against the loader it "
+                "was saved from")
+        self._core = core
+
+    def _check_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError("not a batchcast.Consumer state_dict() (or one of another batchcast "
+                             f"version): {state!r}")
+        mine = {"producer": self.name, "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "group": self.group, "rank": self.rank, "world_size": self.world_size}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"this state was saved by a consumer with {key}={state.get(key)!r}; this one "
+                    f"has {key}={value!r}. Restore it into a consumer made as the one that saved it")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this consumer stands, for ``load_state_dict`` or ``state=``:
+        the producer's epoch it is in (between epochs, the next one) and the
+        stream position of the first sample it has not taken, with what it
+        consumes (producer, batch size, group and rank) and the producer's
+        loader. Plain data: save it with the trial's checkpoint."""
+        epoch, position = self._live().position()
+        return {"format": _STATE_FORMAT, "producer": self.name,
+                "epoch": epoch if epoch >= 0 else None, "position": int(position),
+                "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "group": self.group, "rank": self.rank, "world_size": self.world_size,
+                "loader": self._live().stats()["loader"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a ``state_dict()``: rejoins the producer there (see the
+        class documentation for what happens when it no longer holds it)."""
+        self._check_state(state)
+        core, self._core = self._live(), None
+        core.close()
+        self._connect(state)
 
     def __iter__(self) -> Iterator[Any]:
         core = self._live()

@@ -24,6 +24,29 @@ def _samples_per_epoch(loader: Any) -> int:
     return -1
 
 
+def _loader_identity(loader: Any) -> str:
+    """What the loader is, as far as it says: its type, dataset, length,
+    batch size, sampler and seed. A consumer's saved state carries it, so
+    that a state is never restored against another loader."""
+    parts = [f"{type(loader).__module__}.{type(loader).__qualname__}"]
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None:
+        parts.append(f"dataset={type(dataset).__qualname__}")
+    for label, value in (("samples", _samples_per_epoch(loader)),
+                         ("batches", _batches_per_epoch(loader))):
+        if value >= 0:
+            parts.append(f"{label}={value}")
+    if getattr(loader, "batch_size", None):
+        parts.append(f"batch_size={loader.batch_size}")
+    sampler = getattr(loader, "sampler", None)
+    if sampler is not None:
+        parts.append(f"sampler={type(sampler).__qualname__}")
+    generator = getattr(loader, "generator", None) or getattr(sampler, "generator", None)
+    if generator is not None and hasattr(generator, "initial_seed"):
+        parts.append(f"seed={generator.initial_seed()}")
+    return "; ".join(parts)
+
+
 def _batches_per_epoch(loader: Any) -> int:
     """Batches the loader yields per epoch (its len()), or -1 when it has none."""
     try:
@@ -97,6 +120,7 @@ class Producer:
             catch_up_window=None if catch_up_window is None else int(catch_up_window),
             cuda_device=cuda_device if kind == "cuda" else -1,
             linger=float(linger),
+            loader=_loader_identity(loader),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()
@@ -204,6 +228,12 @@ class Producer:
                 self._core.stop()
         except Exception:
             pass
+
+    @property
+    def serving(self) -> bool:
+        """Whether the background thread of ``start()`` is still serving (False
+        once every epoch was served, the loader raised, or after ``stop()``)."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def consumers(self) -> int:

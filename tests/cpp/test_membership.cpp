@@ -36,6 +36,7 @@ struct Harness {
   uint64_t next_seq = 1;
   int64_t epoch = -1;
   int64_t index = 0;
+  int64_t position = 0;
 
   void take(Actions a) {
     for (const auto& s : a.sends) got[s.peer].push_back(protocol::decode(s.bytes->data(), s.bytes->size()));
@@ -50,21 +51,41 @@ struct Harness {
     say(peer, protocol::Hello{pid, catch_up ? protocol::Hello::kCatchUp : 0u});
   }
   void release(const std::string& peer, std::vector<uint64_t> seqs) { say(peer, protocol::Release{seqs}); }
+  void rank(const std::string& peer, int64_t pid, const std::string& group, int32_t r, int32_t world,
+            int64_t batch_size = 4) {
+    protocol::Hello h;
+    h.pid = pid;
+    h.batch_size = batch_size;
+    h.group = group;
+    h.rank = r;
+    h.world_size = world;
+    say(peer, h);
+  }
+  void resume(const std::string& peer, int64_t pid, int64_t e, int64_t pos) {
+    protocol::Hello h;
+    h.pid = pid;
+    h.resume_epoch = e;
+    h.resume_position = pos;
+    say(peer, h);
+  }
   void begin(int64_t e) {
     epoch = e;
     index = 0;
+    position = 0;
     take(m.on_epoch_begin(e));
   }
-  uint64_t batch() {
+  uint64_t batch(int64_t samples = 1) {
     protocol::Announcement a;
     a.epoch = epoch;
     a.index = index++;
     a.seq = next_seq++;
-    a.samples = 1;
+    a.samples = samples;
+    a.position = position;
+    position += samples;
     take(m.on_batch(a, now));
     return a.seq;
   }
-  void end() { take(m.on_epoch_end(protocol::EpochEnd{epoch, index, index})); }
+  void end() { take(m.on_epoch_end(protocol::EpochEnd{epoch, position, index})); }
   void sweep(bool waiting = false) {
     take(m.on_sweep([&](int64_t pid) { return dead.count(pid) == 0; }, waiting, now));
   }
@@ -429,3 +450,181 @@ TEST_P(RandomKills, SurvivorsGetEverythingAndEverySlotIsFreedOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomKills, ::testing::Range(0, 8));
+
+// ---- consumer groups ---------------------------------------------------------
+
+TEST(Membership, AGroupStartsOnceEveryRankIsThereAndCountsAsOneConsumer) {
+  Harness h;
+  h.begin(0);
+  h.rank("r0", 10, "job", 0, 2);
+  ASSERT_EQ(h.of<protocol::Welcome>("r0").size(), 1u);
+  EXPECT_EQ(h.of<protocol::Welcome>("r0")[0].first_epoch, -1);  // until its group is complete
+  EXPECT_EQ(h.m.active(), 0);  // a forming group is nobody yet (min_consumers waits)
+  h.hello("solo", 12);
+  EXPECT_EQ(h.m.active(), 1);
+  uint64_t first = h.batch();  // epoch 0 began without the group
+  EXPECT_TRUE(h.seqs("r0").empty());
+  h.rank("r1", 11, "job", 1, 2);
+  for (const char* r : {"r0", "r1"}) {
+    ASSERT_EQ(h.of<protocol::GroupReady>(r).size(), 1u) << r;
+    EXPECT_EQ(h.of<protocol::GroupReady>(r)[0].first_epoch, 1) << r;
+  }
+  EXPECT_EQ(h.m.active(), 2);  // the group once, beside the whole-stream consumer
+  h.batch();
+  h.end();
+  EXPECT_TRUE(h.seqs("r0").empty());
+  EXPECT_TRUE(h.of<protocol::EpochEnd>("r1").empty());
+  h.begin(1);
+  uint64_t s = h.batch();
+  EXPECT_EQ(h.seqs("r0"), (std::vector<uint64_t>{s}));  // every rank gets the whole stream
+  EXPECT_EQ(h.seqs("r1"), (std::vector<uint64_t>{s}));
+  EXPECT_EQ(h.seqs("solo"), (std::vector<uint64_t>{first, first + 1, s}));
+  // Lockstep: the slot is free once every rank and the other consumer let go.
+  h.release("r0", {s});
+  h.release("solo", {first, first + 1, s});
+  EXPECT_EQ(h.freed.count(s), 0u);
+  h.release("r1", {s});
+  EXPECT_EQ(h.freed.count(s), 1u);
+}
+
+TEST(Membership, RanksThatDisagreeOrRepeatAreRefusedWithTheReason) {
+  Harness h;
+  h.rank("r0", 10, "job", 0, 2);
+  h.rank("again", 11, "job", 0, 2);
+  ASSERT_EQ(h.of<protocol::Refuse>("again").size(), 1u);
+  EXPECT_NE(h.of<protocol::Refuse>("again")[0].reason.find("rank 0 is already there (consumer pid 10)"),
+            std::string::npos)
+      << h.of<protocol::Refuse>("again")[0].reason;
+  h.rank("wide", 12, "job", 1, 3);
+  ASSERT_EQ(h.of<protocol::Refuse>("wide").size(), 1u);
+  EXPECT_NE(h.of<protocol::Refuse>("wide")[0].reason.find("world_size is 3"), std::string::npos);
+  h.rank("big", 13, "job", 1, 2, /*batch_size=*/8);
+  ASSERT_EQ(h.of<protocol::Refuse>("big").size(), 1u);
+  EXPECT_NE(h.of<protocol::Refuse>("big")[0].reason.find("batch_size is 8"), std::string::npos);
+  h.rank("r1", 14, "job", 1, 2);
+  EXPECT_EQ(h.of<protocol::GroupReady>("r1").size(), 1u);
+  EXPECT_EQ(h.m.counters().refused, 3);
+}
+
+TEST(Membership, ARankThatDiesEndsTheGroupForTheOthersAndNobodyElse) {
+  Harness h;
+  h.rank("r0", 10, "job", 0, 2);
+  h.rank("r1", 11, "job", 1, 2);
+  h.hello("solo", 12);
+  h.begin(0);
+  uint64_t a = h.batch();
+  h.dead.insert(10);
+  h.sweep();
+  ASSERT_EQ(h.of<protocol::GroupBroken>("r1").size(), 1u);
+  const auto broken = h.of<protocol::GroupBroken>("r1")[0];
+  EXPECT_EQ(broken.epoch, 0);
+  EXPECT_NE(broken.reason.find("rank 0 (pid 10) of consumer group 'job'"), std::string::npos) << broken.reason;
+  EXPECT_NE(broken.reason.find("exited"), std::string::npos) << broken.reason;
+  EXPECT_TRUE(h.of<protocol::GroupBroken>("solo").empty());
+  uint64_t b = h.batch();
+  EXPECT_EQ(h.seqs("r1"), (std::vector<uint64_t>{a}));  // nothing more for the group
+  EXPECT_EQ(h.seqs("solo"), (std::vector<uint64_t>{a, b}));
+  EXPECT_EQ(h.m.active(), 1);
+  EXPECT_EQ(h.m.counters().groups_broken, 1);
+  // What the remaining rank still holds stays held until it lets go.
+  h.release("solo", {a, b});
+  EXPECT_EQ(h.freed.count(a), 0u);
+  EXPECT_EQ(h.freed.count(b), 1u);
+  h.say("r1", protocol::Unmapped{});
+  EXPECT_EQ(h.freed.count(a), 1u);
+}
+
+TEST(Membership, ARankLeavingBetweenEpochsEndsTheGroupFromTheNextEpoch) {
+  Harness h;
+  h.rank("r0", 10, "job", 0, 2);
+  h.rank("r1", 11, "job", 1, 2);
+  h.begin(0);
+  h.batch();
+  h.end();
+  h.say("r0", protocol::Bye{});
+  ASSERT_EQ(h.of<protocol::GroupBroken>("r1").size(), 1u);
+  EXPECT_EQ(h.of<protocol::GroupBroken>("r1")[0].epoch, 1);  // epoch 0 was whole
+}
+
+TEST(Membership, ARestartedGroupFormsBesideTheOldOneAndStartsAtTheNextEpoch) {
+  Harness h;
+  h.rank("r0", 10, "job", 0, 2);
+  h.rank("r1", 11, "job", 1, 2);
+  h.begin(0);
+  h.batch();
+  // torchrun restarts the group: the new ranks may come before the old ones are noticed gone.
+  h.rank("n0", 20, "job", 0, 2);
+  EXPECT_TRUE(h.of<protocol::Refuse>("n0").empty());
+  h.dead.insert(10);
+  h.dead.insert(11);
+  h.sweep();
+  h.rank("n1", 21, "job", 1, 2);
+  ASSERT_EQ(h.of<protocol::GroupReady>("n1").size(), 1u);
+  EXPECT_EQ(h.of<protocol::GroupReady>("n1")[0].first_epoch, 1);
+  EXPECT_EQ(h.m.active(), 1);
+  h.batch();
+  EXPECT_TRUE(h.seqs("n0").empty());  // epoch 0 is not theirs
+  h.end();
+  h.begin(1);
+  uint64_t s = h.batch();
+  EXPECT_EQ(h.seqs("n0"), (std::vector<uint64_t>{s}));
+  EXPECT_EQ(h.seqs("n1"), (std::vector<uint64_t>{s}));
+}
+
+// ---- resume ------------------------------------------------------------------
+
+TEST(Membership, AResumeIsExactWhileTheProducerStillHoldsThePosition) {
+  Harness h;
+  h.hello("a", 10);
+  h.begin(0);
+  uint64_t s0 = h.batch(4);  // positions 0..3
+  uint64_t s1 = h.batch(4);  // 4..7
+  uint64_t s2 = h.batch(4);  // 8..11
+  h.release("a", {s0});      // a is past the first batch: it is gone
+  h.resume("b", 11, 0, 6);
+  const auto w = h.of<protocol::Welcome>("b").at(0);
+  EXPECT_EQ(w.first_epoch, 0);
+  EXPECT_EQ(w.resume, protocol::Resume::Exact);
+  EXPECT_EQ(w.resume_position, 6);
+  EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{s1, s2}));  // from the batch holding 6
+  uint64_t s3 = h.batch(4);
+  EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{s1, s2, s3}));
+  h.release("a", {s1, s2, s3});
+  EXPECT_EQ(h.freed.count(s1), 0u);  // b holds it too now
+  h.release("b", {s1});
+  EXPECT_EQ(h.freed.count(s1), 1u);
+  EXPECT_EQ(h.m.counters().resumed, 1);
+}
+
+TEST(Membership, AResumeTheProducerCannotServeGetsTheNextPassAndSaysSo) {
+  Harness h;
+  h.hello("a", 10);
+  h.begin(0);
+  uint64_t s0 = h.batch(4);
+  uint64_t s1 = h.batch(4);
+  h.release("a", {s0, s1});  // nobody holds epoch 0's batches any more
+  h.batch(4);
+  h.resume("b", 11, 0, 2);
+  const auto w = h.of<protocol::Welcome>("b").at(0);
+  EXPECT_EQ(w.first_epoch, 1);
+  EXPECT_EQ(w.resume, protocol::Resume::NextPass);
+  EXPECT_EQ(w.resume_position, 2);
+  EXPECT_TRUE(h.seqs("b").empty());
+  EXPECT_TRUE(h.said("resumes epoch 0 at sample 2, which the producer no longer holds"));
+  EXPECT_EQ(h.m.counters().resumed_next_pass, 1);
+}
+
+TEST(Membership, AResumeIntoAnEpochNotBegunIsExact) {
+  Harness h;
+  h.hello("a", 10);
+  h.begin(0);
+  h.batch(4);
+  h.end();
+  h.resume("b", 11, 1, 0);  // saved between epochs: epoch 1 from its start
+  const auto w = h.of<protocol::Welcome>("b").at(0);
+  EXPECT_EQ(w.first_epoch, 1);
+  EXPECT_EQ(w.resume, protocol::Resume::Exact);
+  h.begin(1);
+  uint64_t s = h.batch(4);
+  EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{s}));
+}

@@ -35,6 +35,18 @@ Welcome host_welcome() {
   return w;
 }
 
+Hello group_hello() {
+  Hello h;
+  h.pid = 4321;
+  h.batch_size = 16;
+  h.group = "trial-17";
+  h.rank = 2;
+  h.world_size = 4;
+  h.resume_epoch = 3;
+  h.resume_position = 4480;
+  return h;
+}
+
 Ring gpu_ring(int events) {
   Ring r;
   r.bytes = 1 << 30;
@@ -82,8 +94,11 @@ TEST(Protocol, EveryKindRoundTrips) {
                               Unmapped{},
                               StatusRequest{},
                               protocol::Status{R"({"name":"imagenet","consumers":[]})"},
-                              Mapped{}};
-  ASSERT_EQ(all.size(), std::variant_size_v<Message> + 1);  // every kind (RingReady twice)
+                              Mapped{},
+                              GroupReady{3, Resume::Exact, 4480},
+                              GroupBroken{2, "rank 1 exited"},
+                              group_hello()};
+  ASSERT_EQ(all.size(), std::variant_size_v<Message> + 2);  // RingReady and Hello twice
   for (const auto& m : all) {
     auto bytes = encode(m);
     auto back = decode(bytes.data(), bytes.size());
@@ -93,8 +108,9 @@ TEST(Protocol, EveryKindRoundTrips) {
 }
 
 TEST(Protocol, EveryTruncationIsRejected) {
-  std::vector<Message> all = {Hello{1234, 0}, host_welcome(), RingReady{gpu_ring(3)},
-                              sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3}};
+  std::vector<Message> all = {Hello{1234, 0}, group_hello(), host_welcome(), RingReady{gpu_ring(3)},
+                              sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3},
+                              GroupReady{1, Resume::NextPass, 8}, GroupBroken{0, "gone"}};
   for (const auto& m : all) {
     auto bytes = encode(m);
     for (std::size_t n = 0; n < bytes.size(); ++n) {
@@ -138,7 +154,7 @@ TEST(Protocol, InconsistentAnnouncementsAreRejected) {
   EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
 
   bytes = encode(sample_announcement());
-  bytes[kHeaderBytes + 36 + 4 + a.layout.size() + 4 + 1] = 42;  // dtype byte of leaf 0
+  bytes[kHeaderBytes + 44 + 4 + a.layout.size() + 4 + 1] = 42;  // dtype byte of leaf 0 (after 44 bytes of fields)
   EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
 
   a = sample_announcement();
@@ -232,4 +248,30 @@ TEST(Protocol, RandomInputNeverCrashes) {
     }
   }
   EXPECT_LT(accepted, 200000);
+}
+
+TEST(Protocol, InconsistentGroupsAndResumesAreRejected) {
+  auto rejects = [](Hello h) {
+    auto bytes = encode(h);
+    EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+  };
+  Hello h = group_hello();
+  h.rank = 4;  // not below world_size
+  rejects(h);
+  h = group_hello();
+  h.group.clear();  // a rank of no group
+  rejects(h);
+  h = group_hello();
+  h.world_size = 0;  // a group without ranks
+  rejects(h);
+  h = group_hello();
+  h.resume_position = -1;
+  rejects(h);
+  h = group_hello();
+  h.group = std::string(kMaxGroupName + 1, 'g');
+  rejects(h);
+  GroupReady ready{1, Resume::Exact, 0};
+  auto bytes = encode(ready);
+  bytes[kHeaderBytes + 8] = 7;  // no such resume kind
+  EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
 }

@@ -38,6 +38,7 @@ struct FakeRing {
     a.index = static_cast<int64_t>(seq);
     a.seq = ++seq;
     a.samples = n;
+    a.position = next_id;  // ids are stream positions
     a.layout = "L";
     for (int64_t i = 0; i < n; ++i) memory[next_offset / 8 + static_cast<uint64_t>(i)] = next_id++;
     a.leaves.push_back(TensorLeaf{DType::Int64, {n}, next_offset});
@@ -82,7 +83,7 @@ TEST(Rebatcher, ExactlyOnceInOrderForManySizes) {
             r.push(ring.make(std::min(loader, total - done)));
             drain(r.pop());
           }
-          if (auto rest = r.flush()) drain(std::move(rest));
+          if (auto rest = r.flush(total)) drain(std::move(rest));
           int64_t expect = drop_last ? total / consumer * consumer : total;
           std::vector<int64_t> want(static_cast<std::size_t>(expect));
           std::iota(want.begin(), want.end(), 0);
@@ -147,7 +148,7 @@ TEST(Rebatcher, SpillingBoundsHeldSlotsAndKeepsEverySample) {
         seen.insert(seen.end(), v.begin(), v.end());
       }
     }
-    if (auto rest = r.flush()) {
+    if (auto rest = r.flush(80)) {
       auto v = ids(*rest);
       seen.insert(seen.end(), v.begin(), v.end());
     }
@@ -172,4 +173,130 @@ TEST(Rebatcher, MismatchedSampleShapesAreAClearError) {
     EXPECT_NE(std::string(e.what()).find("int64"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+// What rank r of a group of W (batch B) must get from an epoch of N samples:
+// of each window of W * B samples the r-th B; the last, partial window
+// (unless drop_last) padded up to a multiple of W with the epoch's first
+// samples (cyclically) and split into W equal parts.
+std::vector<std::vector<int64_t>> reference(int64_t N, int64_t W, int64_t B, int64_t r, bool drop_last) {
+  std::vector<std::vector<int64_t>> out;
+  const int64_t window = W * B;
+  const int64_t full = N / window;
+  for (int64_t k = 0; k < full; ++k) {
+    std::vector<int64_t> b(static_cast<std::size_t>(B));
+    std::iota(b.begin(), b.end(), k * window + r * B);
+    out.push_back(b);
+  }
+  const int64_t rest = N - full * window;
+  if (rest > 0 && !drop_last) {
+    const int64_t part = (rest + W - 1) / W;
+    const int64_t head = std::min(W - 1, N);
+    std::vector<int64_t> padded;
+    for (int64_t i = full * window; i < N; ++i) padded.push_back(i);
+    for (int64_t p = 0; static_cast<int64_t>(padded.size()) < part * W; ++p) padded.push_back(p % head);
+    out.emplace_back(padded.begin() + r * part, padded.begin() + (r + 1) * part);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Rebatcher, GroupRanksTakeDisjointPartsWithEqualCountsAndPaddedTails) {
+  for (int64_t W : {1, 2, 3, 4}) {
+    for (int64_t B : {1, 3, 5}) {
+      for (int64_t L : {1, 4, 7}) {
+        for (int64_t N : {0, 1, 2, 5, 17, 30, 61}) {
+          for (bool drop_last : {false, true}) {
+            for (bool known : {true, false}) {
+              std::multiset<int64_t> together;
+              for (int64_t r = 0; r < W; ++r) {
+                FakeRing ring;
+                Rebatcher reb(B, drop_last, GroupRank{static_cast<int32_t>(r), static_cast<int32_t>(W)});
+                reb.set_max_pending(2);
+                reb.begin_epoch(known ? N : -1);
+                std::vector<std::vector<int64_t>> got;
+                auto drain = [&](std::optional<Batch> b) {
+                  while (b) {
+                    auto v = ids(*b);
+                    auto names = std::get<Items>(b->leaves[1]).values;
+                    ASSERT_EQ(names.size(), v.size());
+                    for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(names[i], std::to_string(v[i]));
+                    got.push_back(v);
+                    b = reb.pop();
+                  }
+                };
+                for (int64_t done = 0; done < N; done += L) {
+                  reb.push(ring.make(std::min(L, N - done)));
+                  drain(reb.pop());
+                  // Slots held: what a window needs, never the whole epoch.
+                  ASSERT_LE(ring.seq - ring.sink->released.size(), 4u)
+                      << "W=" << W << " B=" << B << " L=" << L << " N=" << N << " r=" << r;
+                }
+                drain(reb.flush(N));
+                const auto want = reference(N, W, B, r, drop_last);
+                ASSERT_EQ(got, want) << "W=" << W << " B=" << B << " L=" << L << " N=" << N << " r=" << r
+                                     << " drop_last=" << drop_last << " known=" << known;
+                ASSERT_EQ(static_cast<int64_t>(got.size()), reb.batches_for(N));
+                for (const auto& b : got) together.insert(b.begin(), b.end());
+                ASSERT_EQ(ring.sink->released.size(), ring.seq);  // every slot back once
+                ASSERT_EQ(reb.position(), N);
+              }
+              // Together the ranks saw the epoch once (plus the padding).
+              if (!drop_last) {
+                for (int64_t i = 0; i < N; ++i) ASSERT_GE(together.count(i), 1u) << i;
+                ASSERT_LT(static_cast<int64_t>(together.size()), N + W);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Rebatcher, AResumedEpochStartsAtItsPosition) {
+  for (int64_t skip : {0, 1, 5, 8, 19, 20, 25}) {
+    FakeRing ring;
+    Rebatcher r(3, false);
+    r.begin_epoch(20, skip);
+    std::vector<int64_t> seen;
+    for (int i = 0; i < 5; ++i) {
+      r.push(ring.make(4));
+      EXPECT_LE(r.position(), std::max<int64_t>(skip, 4 * (i + 1)));
+      while (auto b = r.pop()) {
+        auto v = ids(*b);
+        seen.insert(seen.end(), v.begin(), v.end());
+      }
+    }
+    if (auto rest = r.flush(20)) {
+      auto v = ids(*rest);
+      seen.insert(seen.end(), v.begin(), v.end());
+    }
+    std::vector<int64_t> want;
+    for (int64_t i = skip; i < 20; ++i) want.push_back(i);
+    EXPECT_EQ(seen, want) << "skip=" << skip;
+    EXPECT_EQ(ring.sink->released.size(), ring.seq);
+  }
+}
+
+TEST(Rebatcher, AGroupPositionIsWhereItsNextWindowStarts) {
+  FakeRing ring;
+  Rebatcher r(2, false, GroupRank{1, 2});  // windows of 4: rank 1 takes [2, 4) of each
+  r.begin_epoch(12, 4);                    // resumed after its first window
+  r.push(ring.make(6));                    // 0..5: resent from the batch holding position 4
+  EXPECT_EQ(r.position(), 4);
+  EXPECT_FALSE(r.pop());                   // its part of window [4, 8) is [6, 8)
+  r.push(ring.make(6));                    // 6..11
+  auto b = r.pop();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(ids(*b), (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(r.position(), 8);
+  auto last = r.pop();
+  ASSERT_TRUE(last);
+  EXPECT_EQ(ids(*last), (std::vector<int64_t>{10, 11}));
+  EXPECT_FALSE(r.flush(12));
+  EXPECT_EQ(r.position(), 12);
 }

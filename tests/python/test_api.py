@@ -613,3 +613,15 @@ def test_status_reports_and_removes_what_a_dead_producer_left(runtime_dir):
     assert list_producers() == []
     with bc.Producer(id_batches(4, 2), "ghost", epochs=1):  # the name is free again
         pass
+
+
+def test_importing_batchcast_does_not_import_ray_until_asked():
+    """batchcast.ray is an optional extra: a plain import never pays for Ray."""
+    import subprocess
+    import sys
+
+    code = ("import sys, batchcast\n"
+            "assert 'ray' not in sys.modules and 'batchcast.ray' not in sys.modules\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

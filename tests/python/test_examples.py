@@ -418,3 +418,33 @@ def test_tensorsocket_shim_pack_and_unpack(runtime_dir):
     finally:
         thread.join(60)
     assert os.listdir(runtime_dir) == []
+
+
+def test_ddp_trial_beside_a_single_trial(runtime_dir, tmp_path):
+    """examples/ddp_trial.py: a DDP trial of 2 ranks (gloo on CPU) and a
+    single-process trial from one producer; the example checks what each saw."""
+    out = run_script(tmp_path, [str(EXAMPLES / "ddp_trial.py"), "--samples", "203",
+                                "--epochs", "2", "--size", "16"], timeout=300)
+    lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 2, out
+    for line in lines:
+        assert "(same: True)" in line and "together every sample once (+1 padding)" in line, out
+        assert "single trial: every sample once" in line, out
+    assert os.listdir(runtime_dir) == []
+
+
+@pytest.mark.ray
+def test_sweep_ray_tune_on_a_local_multi_node_cluster(runtime_dir, tmp_path):
+    """examples/sweep_ray_tune.py, small: 2 nodes, 4 trials of different batch
+    sizes, each node's trials from its own producer, then a DataLoader each."""
+    pytest.importorskip("ray.tune", reason="the Ray Tune sweep needs ray[tune]")
+    out = run_script(tmp_path, [str(EXAMPLES / "sweep_ray_tune.py"), "--nodes", "2",
+                                "--cpus-per-node", "2", "--trials", "4", "--epochs", "2",
+                                "--samples", "256", "--size", "32"], timeout=900)
+    rows = [line for line in out.splitlines() if re.match(r"\s+0\.\d+\s+\d+\s", line)]
+    assert len(rows) == 8, out  # 4 trials, both ways
+    assert all(" True " in row for row in rows), out
+    shared_nodes = {row.split()[2] for row in rows[:4]}
+    assert len(shared_nodes) == 2, out  # the trials ran on both nodes
+    assert re.search(r"saved by sharing\s*: wall\s+-?[0-9.]+ s .* CPU\s+-?[0-9.]+ s", out), out
+    assert os.listdir(runtime_dir) == []  # every node's producer ended and left nothing

@@ -127,9 +127,26 @@ def produce(args: argparse.Namespace) -> None:
 
 
 def consume(args: argparse.Namespace) -> None:
+    import warnings
+
     signals = count_signals(signal.SIGUSR1) if args.count_signals else None
+    group = {}
+    if args.group:
+        group = {"group": args.group, "rank": args.rank, "world_size": args.world}
+    state = None
+    if args.state:
+        with open(args.state) as f:
+            state = json.load(f)
+    seen_warnings: list[str] = []
+    if args.record_warnings:  # into the result, instead of stderr
+        def show(message, category, *_args, **_kwargs):
+            seen_warnings.append(f"{category.__name__}: {message}")
+
+        warnings.showwarning = show
     consumer = bc.Consumer(args.name, batch_size=args.batch_size or None, drop_last=args.drop_last,
-                           timeout=args.timeout, device=args.device or None)
+                           timeout=args.timeout, device=args.device or None,
+                           late_join="catch_up" if args.catch_up else "next_epoch",
+                           state=state, **group)
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "max_wait": 0.0}
     kept = []  # --keep: a user who stores batches instead of clones of them
@@ -158,6 +175,18 @@ def consume(args: argparse.Namespace) -> None:
                     check_values(batch)
                 ids += sample_ids(batch)
                 sizes.append(len(sample_ids(batch)))
+                if args.save_after and sum(map(sum, result["sizes"])) + sum(sizes) == \
+                        args.save_after:
+                    # A trial checkpointing, then stopping: the state goes with it.
+                    with open(args.save_state, "w") as f:
+                        json.dump(consumer.state_dict(), f)
+                    result["epochs"].append(ids)
+                    result["sizes"].append(sizes)
+                    raise StopTraining
+                if args.hold_at and received == args.hold_at:
+                    # Holds this batch (and what is queued) until the file appears.
+                    while not os.path.exists(args.until):
+                        time.sleep(0.01)
                 if args.keep:
                     kept.append(batch)
                 if args.write_in_place:
@@ -166,14 +195,19 @@ def consume(args: argparse.Namespace) -> None:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
             result["sizes"].append(sizes)
+            result.setdefault("states", []).append(consumer.state_dict())
         # Every batch of every epoch is still referenced: none may have been
         # overwritten while the producer went on.
         for batch in kept:
             check_values(batch)
         result["kept"] = sum(len(sample_ids(b)) for b in kept)
+    except StopTraining:
+        pass
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
+        result["error_at"] = time.monotonic()
     result["stats"] = consumer.stats()
+    result["warnings"] = seen_warnings
     if signals is not None:
         result["signals"] = signals[0]
         stop_counting(signal.SIGUSR1)
@@ -188,6 +222,10 @@ def consume(args: argparse.Namespace) -> None:
     consumer.close()
     with open(args.out, "w") as f:
         json.dump(result, f)
+
+
+class StopTraining(Exception):
+    """--save-after: the trial stops here (its state saved)."""
 
 
 def quiet() -> None:
@@ -233,6 +271,20 @@ def main() -> None:
     parser.add_argument("--ready-after", type=int, default=0,
                         help="consumer: create --ready once this many batches arrived instead")
     parser.add_argument("--out", default="")
+    parser.add_argument("--group", default="", help="consumer: the group of ranks it is one of")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--catch-up", action="store_true")
+    parser.add_argument("--save-after", type=int, default=0,
+                        help="consumer: after this many samples, save state_dict() to --save-state "
+                             "and stop")
+    parser.add_argument("--save-state", default="")
+    parser.add_argument("--state", default="", help="consumer: resume from this saved state")
+    parser.add_argument("--hold-at", type=int, default=0,
+                        help="consumer: at this batch, wait (holding it) until --until exists")
+    parser.add_argument("--until", default="")
+    parser.add_argument("--record-warnings", action="store_true",
+                        help="consumer: warnings go into the result, not stderr")
     parser.add_argument("--quiet", action="store_true", help="silence batchcast's warnings and logs")
     args = parser.parse_args()
     if args.quiet:

@@ -44,6 +44,13 @@ class LoaderError : public Error {
   using Error::Error;
 };
 
+// A rank of this consumer's group left, died or was evicted: the group's
+// epoch cannot go on (its ranks would wait for each other forever).
+class GroupError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The two ends speak different protocol versions, or the producer refused us.
 class Refused : public Error {
  public:

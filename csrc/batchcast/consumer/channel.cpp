@@ -39,8 +39,16 @@ Channel::Channel(ChannelOptions options)
   dealer_.set(zmq::sockopt::rcvhwm, 0);
   dealer_.connect(options_.endpoint);
   socket_fd_ = dealer_.get(zmq::sockopt::fd);
-  send(protocol::Hello{::getpid(), options_.catch_up ? protocol::Hello::kCatchUp : 0u,
-                       options_.batch_size});
+  protocol::Hello hello;
+  hello.pid = ::getpid();
+  hello.flags = options_.catch_up ? protocol::Hello::kCatchUp : 0u;
+  hello.batch_size = options_.batch_size;
+  hello.group = options_.group;
+  hello.rank = options_.rank;
+  hello.world_size = options_.world_size;
+  hello.resume_epoch = options_.resume_epoch;
+  hello.resume_position = options_.resume_position;
+  send(hello);
 }
 
 Channel::~Channel() {
@@ -307,6 +315,10 @@ void Channel::accept(protocol::Message m) {
     }
     inbox_.push_back(std::move(m));
   } else if (std::holds_alternative<protocol::Heartbeat>(m)) {
+  } else if (std::holds_alternative<protocol::GroupReady>(m) ||
+             std::holds_alternative<protocol::GroupBroken>(m)) {
+    if (!welcome_ || options_.world_size == 0) throw MalformedMessage("group message to a consumer of no group");
+    if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
   } else if (std::holds_alternative<protocol::EpochEnd>(m) ||
              std::holds_alternative<protocol::LoaderFailed>(m) ||
              std::holds_alternative<protocol::Finished>(m)) {

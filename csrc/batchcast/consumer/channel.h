@@ -49,6 +49,11 @@ struct ChannelOptions {
   std::string endpoint;  // where it listens
   bool catch_up = false;
   int64_t batch_size = 0;  // told to the producer, for its status (0: the loader's)
+  std::string group;       // a consumer group's name, this rank and the world size (0: none)
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  int64_t resume_epoch = -1;  // >= 0: continue that epoch at resume_position
+  int64_t resume_position = 0;
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.
   std::function<void()> interrupt;
@@ -79,8 +84,9 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   // the ring threw (CudaError, SystemError).
   protocol::Welcome join(double timeout);
 
-  // The next Announcement, EpochEnd, LoaderFailed or Finished, in order;
-  // blocks until there is one. Throws the channel's first error.
+  // The next Announcement, EpochEnd, LoaderFailed, Finished, GroupReady or
+  // GroupBroken, in order; blocks until there is one. Throws the channel's
+  // first error.
   protocol::Message take();
 
   // Ownership of a taken announcement's slot: the token's last owner releases it.

@@ -12,17 +12,65 @@
 
 namespace batchcast {
 
+namespace {
+
+ConsumerOptions checked(ConsumerOptions o) {
+  validate_name(o.name);
+  if (!(o.timeout > 0)) throw InvalidArgument("timeout must be positive (seconds)");
+  if (o.world_size < 0 || o.world_size > protocol::kMaxWorldSize) {
+    throw InvalidArgument("world_size must be between 1 and " + std::to_string(protocol::kMaxWorldSize));
+  }
+  if (o.world_size > 0) {
+    if (o.group.empty() || o.group.size() > protocol::kMaxGroupName) {
+      throw InvalidArgument("a consumer group needs a name of 1-" + std::to_string(protocol::kMaxGroupName) +
+                            " characters");
+    }
+    if (o.rank < 0 || o.rank >= o.world_size) {
+      throw InvalidArgument("rank " + std::to_string(o.rank) + " is not in [0, world_size=" +
+                            std::to_string(o.world_size) + ")");
+    }
+    if (!o.batch_size) throw InvalidArgument("a consumer group needs a batch_size (each rank's)");
+  } else if (!o.group.empty() || o.rank != 0) {
+    throw InvalidArgument("group and rank need world_size");
+  }
+  if (o.resume_epoch < -1 || o.resume_position < 0) {
+    throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume) and resume_position >= 0");
+  }
+  return o;
+}
+
+std::optional<GroupRank> group_of(const ConsumerOptions& o) {
+  if (o.world_size == 0) return std::nullopt;
+  return GroupRank{o.rank, o.world_size};
+}
+
+}  // namespace
+
 Consumer::Consumer(ConsumerOptions options)
-    : options_(std::move(options)), rebatcher_(options_.batch_size, options_.drop_last) {
-  validate_name(options_.name);
-  if (!(options_.timeout > 0)) throw InvalidArgument("timeout must be positive (seconds)");
+    : options_(checked(std::move(options))),
+      rebatcher_(options_.batch_size, options_.drop_last, group_of(options_)) {
   const std::string endpoint = endpoint_for(runtime_dir(options_.runtime_dir), options_.name);
-  channel_ = Channel::connect(ChannelOptions{options_.name, endpoint, options_.catch_up,
-                                             options_.batch_size.value_or(0), options_.release_after,
-                                             options_.interrupt});
+  ChannelOptions channel;
+  channel.name = options_.name;
+  channel.endpoint = endpoint;
+  channel.catch_up = options_.catch_up;
+  channel.batch_size = options_.batch_size.value_or(0);
+  channel.group = options_.group;
+  channel.rank = options_.rank;
+  channel.world_size = options_.world_size;
+  channel.resume_epoch = options_.resume_epoch;
+  channel.resume_position = options_.resume_position;
+  channel.release_after = options_.release_after;
+  channel.interrupt = options_.interrupt;
+  channel_ = Channel::connect(std::move(channel));
   try {
     protocol::Welcome w = channel_->join(options_.timeout);
-    next_epoch_ = w.first_epoch;
+    loader_ = w.loader;
+    waiting_for_group_ = w.first_epoch < 0;
+    if (!waiting_for_group_) {
+      next_epoch_ = w.first_epoch;
+      resume_from(w.resume, w.first_epoch, w.resume_position);
+    }
     // The ring has room for slots+1 loader batches in flight; holding at most
     // this many pending (plus the batch the caller holds) always leaves the
     // producer one.
@@ -101,23 +149,85 @@ int64_t Consumer::samples_per_epoch() const { return samples_per_epoch_; }
 
 int64_t Consumer::batches_per_epoch() const {
   if (!options_.batch_size) return loader_batches_per_epoch_;
-  if (samples_per_epoch_ < 0) return -1;
-  const int64_t b = *options_.batch_size;
-  return options_.drop_last ? samples_per_epoch_ / b : (samples_per_epoch_ + b - 1) / b;
+  return rebatcher_.batches_for(samples_per_epoch_);
+}
+
+std::pair<int64_t, int64_t> Consumer::position() const {
+  if (in_epoch_) {
+    const int64_t at = rebatcher_.position();
+    // Everything of the epoch taken (its end not read yet): the next epoch.
+    if (samples_per_epoch_ >= 0 && at >= samples_per_epoch_) return {epoch_ + 1, 0};
+    return {epoch_, at};
+  }
+  if (waiting_for_group_) {
+    return {options_.resume_epoch, options_.resume_epoch >= 0 ? options_.resume_position : 0};
+  }
+  if (next_epoch_ == resume_at_epoch_) return {resume_at_epoch_, resume_position_};
+  return {next_epoch_, 0};
+}
+
+// Where the producer says this consumer (or its group) resumes.
+void Consumer::resume_from(protocol::Resume resume, int64_t first_epoch, int64_t position) {
+  resume_ = resume;
+  if (resume == protocol::Resume::None) return;
+  resume_at_epoch_ = first_epoch;
+  resume_position_ = position;
+  if (resume == protocol::Resume::NextPass && options_.reporter) {
+    options_.reporter(Report{
+        Report::Level::Warning, "Resume",
+        "consumer of '" + options_.name + "' resumes epoch " + std::to_string(options_.resume_epoch) +
+            " at sample " + std::to_string(options_.resume_position) +
+            ", which the producer no longer holds (it keeps only what consumers still use and the "
+            "first batches of each epoch): the samples it had not taken of that epoch are lost to it, "
+            "and it gets stream positions from " + std::to_string(position) + " of epoch " +
+            std::to_string(first_epoch) + " (the loader's next pass) in their place, then whole epochs"});
+  }
+}
+
+// A group's rank waits here, in its first iter(), for the rest of its group.
+void Consumer::await_group() {
+  while (waiting_for_group_) {
+    protocol::Message m = channel_->take();
+    if (auto* ready = std::get_if<protocol::GroupReady>(&m)) {
+      waiting_for_group_ = false;
+      next_epoch_ = ready->first_epoch;
+      resume_from(ready->resume, ready->first_epoch, ready->resume_position);
+    } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
+      throw LoaderError("the loader of batchcast producer '" + options_.name + "' raised: " + failed->message);
+    } else if (std::holds_alternative<protocol::Finished>(m)) {
+      waiting_for_group_ = false;
+      finished_ = true;
+    } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
+      channel_->release_now(a->seq);  // not ours (never sent before GroupReady)
+    }
+  }
+}
+
+void Consumer::fail_group(const protocol::GroupBroken& broken) {
+  failure_ = std::make_exception_ptr(GroupError(broken.reason));
+  in_epoch_ = false;
+  rebatcher_.clear();
+  channel_->leave();
+  std::rethrow_exception(failure_);
 }
 
 int64_t Consumer::begin_epoch() {
+  if (failure_) std::rethrow_exception(failure_);
   while (in_epoch_) {
     (void)next();  // drain what is left of an epoch the caller left early
   }
+  if (waiting_for_group_) await_group();
   rebatcher_.clear();
   mid_epoch_ = false;
   epoch_ = next_epoch_++;
   in_epoch_ = !finished_;
+  rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
+  if (group_broken_ && group_broken_->epoch <= epoch_) fail_group(*group_broken_);
   return epoch_;
 }
 
 std::optional<Batch> Consumer::next() {
+  if (failure_) std::rethrow_exception(failure_);
   if (!in_epoch_) return std::nullopt;
   // GPU: torch's device guards inside find the ring's device current, so they
   // switch nothing; the caller's thread is left as it was.
@@ -142,12 +252,15 @@ std::optional<Batch> Consumer::next() {
       samples_per_epoch_ = end->samples;
       loader_batches_per_epoch_ = end->batches;
       in_epoch_ = false;
-      auto rest = rebatcher_.flush();
+      auto rest = rebatcher_.flush(end->samples);
       if (rest) {
         batches_ += 1;
         samples_ += rest->samples;
       }
       return rest;
+    } else if (auto* broken = std::get_if<protocol::GroupBroken>(&m)) {
+      if (broken->epoch <= epoch_) fail_group(*broken);
+      group_broken_ = *broken;  // it left after this epoch: the next one fails
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
       in_epoch_ = false;
       rebatcher_.clear();
@@ -251,6 +364,10 @@ ConsumerStats Consumer::stats() const {
   s.transfers = transfers_;
   s.ring_address = c.ring_address;
   s.ring_bytes = c.ring_bytes;
+  s.loader = loader_;
+  s.resumed = resume_ == protocol::Resume::Exact      ? "exact"
+              : resume_ == protocol::Resume::NextPass ? "next-pass"
+                                                      : "";
   return s;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "batchcast/common/report.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
+#include "batchcast/protocol/message.h"
 
 namespace batchcast {
 
@@ -43,6 +45,16 @@ struct ConsumerOptions {
   // past it (Stream), or once the whole device is (Device: for batches also
   // used on side streams).
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
+  // One rank of a consumer group (world_size > 0): of each world_size *
+  // batch_size consecutive samples of the stream this rank takes the rank-th
+  // batch_size; the group starts once every rank is present.
+  std::string group;
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  // Resume (resume_epoch >= 0): continue the producer's epoch resume_epoch at
+  // sample position resume_position of its stream (a saved position()).
+  int64_t resume_epoch = -1;
+  int64_t resume_position = 0;
   Reporter reporter;        // where warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
@@ -59,6 +71,11 @@ struct ConsumerOptions {
     v("placement", placement);
     v("cuda_device", cuda_device);
     v("release_after", release_after);
+    v("group", group);
+    v("rank", rank);
+    v("world_size", world_size);
+    v("resume_epoch", resume_epoch);
+    v("resume_position", resume_position);
   }
 };
 
@@ -86,6 +103,10 @@ struct ConsumerStats {
   int64_t transfers = 0;        // loader batches copied to this consumer's device
   uint64_t ring_address = 0;    // where the ring is mapped in this process (0: not mapped)
   uint64_t ring_bytes = 0;
+  std::string loader;           // the producer's description of its loader
+  // How it resumed: "" (it did not), "exact", or "next-pass" (the producer
+  // no longer held its position: those positions of the next pass instead).
+  std::string resumed;
 
   template <typename Visit>
   void visit(Visit&& v) const {
@@ -109,6 +130,8 @@ struct ConsumerStats {
     v("transfers", transfers);
     v("ring_address", ring_address);
     v("ring_bytes", ring_bytes);
+    v("loader", loader);
+    v("resumed", resumed);
   }
 };
 
@@ -133,6 +156,10 @@ class Consumer {
 
   int64_t samples_per_epoch() const;  // -1 while unknown
   int64_t batches_per_epoch() const;  // -1 while unknown
+  // Where this consumer stands, to resume from: (epoch, stream position of
+  // the first sample it has not taken). Between epochs, (next epoch, 0); a
+  // group's rank before its group is complete, (-1, 0): wherever it starts.
+  std::pair<int64_t, int64_t> position() const;
   void close();
   ConsumerStats stats() const;
   const ConsumerOptions& options() const { return options_; }
@@ -141,6 +168,9 @@ class Consumer {
   enum class Transfer { SharedMemory, View, Peer, HostStaged, DeviceToHost };
   void place(const protocol::Ring& ring);
   void receive(protocol::Announcement& a);
+  void resume_from(protocol::Resume resume, int64_t first_epoch, int64_t position);
+  void await_group();
+  [[noreturn]] void fail_group(const protocol::GroupBroken& broken);
   int64_t pinned_beyond(uint64_t incoming) const;
 
   ConsumerOptions options_;
@@ -163,6 +193,13 @@ class Consumer {
   int64_t loader_batches_per_epoch_ = -1;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
+  bool waiting_for_group_ = false;  // GroupReady not yet taken
+  protocol::Resume resume_ = protocol::Resume::None;
+  int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
+  int64_t resume_position_ = 0;
+  std::string loader_;
+  std::optional<protocol::GroupBroken> group_broken_;  // for a later epoch
+  std::exception_ptr failure_;      // the group ended: every next() raises it
 };
 
 }  // namespace batchcast

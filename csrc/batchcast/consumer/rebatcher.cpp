@@ -26,11 +26,44 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s.str();
 }
 
+// A private copy of samples [from, from + count) of `b`, holding no slot.
+LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
+  LoaderBatch copy;
+  copy.announcement = b.announcement;
+  copy.announcement.samples = count;
+  copy.announcement.position = b.announcement.position + from;
+  for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
+    if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
+      if (b.spilled()) {
+        copy.owned.push_back(b.owned[j].narrow(0, from, count).clone());
+      } else {
+        std::vector<int64_t> shape = t->shape;
+        const uint64_t row = t->nbytes() / static_cast<uint64_t>(std::max<int64_t>(shape[0], 1));
+        shape[0] = count;
+        auto options = at::TensorOptions().dtype(from_wire(t->dtype)).device(b.device);
+        auto* at_row = const_cast<std::byte*>(b.base + t->offset + static_cast<uint64_t>(from) * row);
+        copy.owned.push_back(at::from_blob(at_row, shape, [](void*) {}, options, b.device).clone());
+      }
+      std::get<protocol::TensorLeaf>(copy.announcement.leaves[j]).shape[0] = count;
+    } else {
+      auto& items = std::get<protocol::ListLeaf>(copy.announcement.leaves[j]).items;
+      items = std::vector<std::string>(items.begin() + from, items.begin() + from + count);
+      copy.owned.emplace_back();  // keeps leaf indices aligned
+    }
+  }
+  copy.device = b.device;
+  return copy;
+}
+
 }  // namespace
 
-Rebatcher::Rebatcher(std::optional<int64_t> batch_size, bool drop_last)
-    : batch_size_(batch_size), drop_last_(drop_last) {
+Rebatcher::Rebatcher(std::optional<int64_t> batch_size, bool drop_last, std::optional<GroupRank> group)
+    : batch_size_(batch_size), drop_last_(drop_last), group_(group) {
   if (batch_size_ && *batch_size_ <= 0) throw InvalidArgument("batch_size must be a positive int");
+  if (group_ && !batch_size_) throw InvalidArgument("a consumer group needs a batch_size");
+  if (group_ && (group_->world < 1 || group_->rank < 0 || group_->rank >= group_->world)) {
+    throw InvalidArgument("rank must be in [0, world_size)");
+  }
 }
 
 std::vector<uint64_t> Rebatcher::pending_slots() const {
@@ -41,11 +74,134 @@ std::vector<uint64_t> Rebatcher::pending_slots() const {
   return out;
 }
 
+void Rebatcher::begin_epoch(int64_t samples, int64_t skip) {
+  clear();
+  samples_ = samples;
+  skip_ = std::max<int64_t>(skip, 0);
+  end_ = skip_;
+  windows_ = 0;
+  progress_ = skip_;
+  if (group_) windows_ = skip_ / (group_->world * *batch_size_);  // a group resumes at a window
+}
+
+int64_t Rebatcher::front_position() const {
+  return pending_.front().announcement.position + front_used_;
+}
+
+int64_t Rebatcher::buffered_to() const {
+  if (pending_.empty()) return end_;
+  const auto& a = pending_.back().announcement;
+  return a.position + a.samples;
+}
+
+int64_t Rebatcher::position() const {
+  if (group_) return progress_;
+  return pending_.empty() ? end_ : front_position();
+}
+
+int64_t Rebatcher::batches_for(int64_t samples) const {
+  if (samples < 0 || !batch_size_) return -1;
+  const int64_t b = *batch_size_;
+  if (!group_) return drop_last_ ? samples / b : (samples + b - 1) / b;
+  const int64_t window = group_->world * b;
+  return samples / window + (samples % window != 0 && !drop_last_ ? 1 : 0);
+}
+
+// The stream positions of this consumer's next batch, for an epoch of
+// `samples` samples (-1: unknown, so every window is taken to be whole). Of
+// each window of world * batch_size samples, rank r takes the r-th batch. The
+// last, partial window (unless drop_last) is padded up to a multiple of the
+// world size with the epoch's first samples, and each rank takes an equal part.
+std::optional<Rebatcher::Range> Rebatcher::next_range(int64_t samples) const {
+  const int64_t b = *batch_size_;
+  const int64_t window = group_->world * b;
+  const int64_t start = windows_ * window;
+  if (samples >= 0 && start >= samples) return std::nullopt;
+  if (samples < 0 || start + window <= samples) {
+    return Range{start + group_->rank * b, start + (group_->rank + 1) * b, false};
+  }
+  if (drop_last_) return std::nullopt;
+  const int64_t part = (samples - start + group_->world - 1) / group_->world;
+  return Range{start + group_->rank * part, start + (group_->rank + 1) * part, true};
+}
+
+void Rebatcher::drop_below(int64_t position) {
+  while (!pending_.empty() && front_position() < position) {
+    const int64_t avail = pending_.front().announcement.samples - front_used_;
+    const int64_t n = std::min(avail, position - front_position());
+    buffered_ -= n;
+    if (n == avail) {
+      pending_.pop_front();  // its token goes: the slot may be released
+      front_used_ = 0;
+    } else {
+      front_used_ += n;
+    }
+  }
+}
+
+// A group pads its last window with the epoch's first samples (those it
+// took: after a resume, its first samples from the resume position on), so
+// it copies the first world - 1 of them as they pass.
+void Rebatcher::keep_head(const LoaderBatch& batch) {
+  const int64_t need = group_->world - 1 - head_samples_;
+  if (need <= 0) return;
+  const int64_t from = std::max<int64_t>(0, skip_ - batch.announcement.position);
+  if (from >= batch.announcement.samples) return;
+  const int64_t count = std::min(need, batch.announcement.samples - from);
+  head_.push_back(copy_rows(batch, from, count));
+  head_samples_ += count;
+}
+
+// Appends `count` padding samples at stream positions from `from` on
+// (>= the epoch's end): position p holds head sample (p - end) mod head size.
+void Rebatcher::pad(int64_t from, int64_t count) {
+  if (head_samples_ == 0) return;
+  int64_t j = (from - samples_) % head_samples_;
+  int64_t at = from;
+  while (count > 0) {
+    int64_t offset = 0;
+    const LoaderBatch* piece = nullptr;
+    for (const LoaderBatch& h : head_) {
+      if (j < offset + h.announcement.samples) {
+        piece = &h;
+        break;
+      }
+      offset += h.announcement.samples;
+    }
+    const int64_t n = std::min(count, piece->announcement.samples - (j - offset));
+    LoaderBatch part = copy_rows(*piece, j - offset, n);
+    part.announcement.position = at;
+    buffered_ += n;
+    end_ = std::max(end_, at + n);
+    pending_.push_back(std::move(part));
+    at += n;
+    count -= n;
+    j = (j + n) % head_samples_;
+  }
+}
+
+bool Rebatcher::waiting() const {
+  if (!batch_size_) return false;  // forward: every loader batch goes out at once
+  if (!group_) return buffered_ < *batch_size_;
+  auto range = next_range(samples_);
+  if (!range) return false;  // nothing more is taken: what comes is dropped
+  if (range->tail || samples_ < 0) return true;  // held until the epoch or the window ends
+  return buffered_to() < range->end;
+}
+
 void Rebatcher::push(LoaderBatch batch) {
-  if (batch.announcement.samples == 0) return;  // nothing to hand out; token releases now
-  buffered_ += batch.announcement.samples;
+  const int64_t position = batch.announcement.position;
+  const int64_t samples = batch.announcement.samples;
+  end_ = std::max(end_, position + samples);
+  if (samples == 0 || position + samples <= skip_) return;  // nothing of it is ours: released now
+  if (group_) keep_head(batch);
+  buffered_ += samples;
   pending_.push_back(std::move(batch));
-  if (batch_size_ && buffered_ < *batch_size_) {
+  drop_below(skip_);
+  if (group_ && samples_ >= 0) {
+    if (auto range = next_range(samples_)) drop_below(range->begin);  // other ranks' samples
+  }
+  if (waiting()) {
     int64_t in_ring = 0;
     for (const LoaderBatch& b : pending_) in_ring += b.spilled() ? 0 : 1;
     if (in_ring > max_pending_) spill();
@@ -57,27 +213,7 @@ void Rebatcher::spill() {
     LoaderBatch& b = pending_[k];
     if (b.spilled()) continue;
     const int64_t used = k == 0 ? front_used_ : 0;
-    const int64_t left = b.announcement.samples - used;
-    LoaderBatch copy;
-    copy.announcement = b.announcement;
-    copy.announcement.samples = left;
-    for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
-      if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
-        std::vector<int64_t> shape = t->shape;
-        uint64_t row = t->nbytes() / static_cast<uint64_t>(std::max<int64_t>(shape[0], 1));
-        shape[0] = left;
-        auto options = at::TensorOptions().dtype(from_wire(t->dtype)).device(b.device);
-        auto* at_row = const_cast<std::byte*>(b.base + t->offset + static_cast<uint64_t>(used) * row);
-        copy.owned.push_back(at::from_blob(at_row, shape, [](void*) {}, options, b.device).clone());
-        std::get<protocol::TensorLeaf>(copy.announcement.leaves[j]).shape[0] = left;
-      } else {
-        auto& items = std::get<protocol::ListLeaf>(copy.announcement.leaves[j]).items;
-        items.erase(items.begin(), items.begin() + used);
-        copy.owned.emplace_back();  // keeps leaf indices aligned
-      }
-    }
-    copy.device = b.device;
-    b = std::move(copy);  // without the token: the slot can be released
+    b = copy_rows(b, used, b.announcement.samples - used);  // without the token: the slot can go
     if (k == 0) front_used_ = 0;
   }
   stats_.spills += 1;
@@ -88,13 +224,52 @@ std::optional<Batch> Rebatcher::pop() {
     if (pending_.empty()) return std::nullopt;
     return take(pending_.front().announcement.samples - front_used_);
   }
-  if (buffered_ < *batch_size_) return std::nullopt;
-  return take(*batch_size_);
+  if (!group_) {
+    if (buffered_ < *batch_size_) return std::nullopt;
+    return take(*batch_size_);
+  }
+  auto range = next_range(samples_);
+  if (!range) {
+    drop_below(buffered_to());  // the epoch has nothing more for this rank
+    return std::nullopt;
+  }
+  const int64_t window_end = (windows_ + 1) * group_->world * *batch_size_;
+  if (range->tail) {
+    drop_below(range->begin);
+    return std::nullopt;  // the tail goes out at the epoch's end
+  }
+  // With the epoch's length unknown, the window may turn out to be the last,
+  // partial one: nothing of it is dropped before the stream has passed it.
+  if (samples_ < 0 && buffered_to() < window_end) return std::nullopt;
+  drop_below(range->begin);
+  if (buffered_to() < range->end) return std::nullopt;
+  Batch out = take(range->end - range->begin);
+  windows_ += 1;
+  progress_ = window_end;
+  drop_below(window_end);  // the other ranks' samples of this window
+  return out;
 }
 
-std::optional<Batch> Rebatcher::flush() {
+std::optional<Batch> Rebatcher::flush(int64_t samples) {
   std::optional<Batch> out;
-  if (buffered_ > 0 && !drop_last_) out = take(buffered_);
+  samples_ = samples;
+  if (!group_) {
+    if (buffered_ > 0 && !drop_last_) out = take(buffered_);
+  } else if (auto range = next_range(samples)) {
+    drop_below(range->begin);
+    if (buffered_to() >= std::min(range->end, samples)) {
+      if (range->end > samples) {
+        const int64_t from = std::max(range->begin, samples);
+        pad(from, range->end - from);
+      }
+      const int64_t n = std::min(buffered_, range->end - range->begin);
+      if (n > 0) out = take(n);
+      windows_ += 1;
+    }
+    progress_ = samples;
+  } else {
+    progress_ = std::max(progress_, samples);
+  }
   clear();
   return out;
 }
@@ -103,6 +278,8 @@ void Rebatcher::clear() {
   pending_.clear();
   front_used_ = 0;
   buffered_ = 0;
+  head_.clear();
+  head_samples_ = 0;
 }
 
 Batch Rebatcher::take(int64_t n) {

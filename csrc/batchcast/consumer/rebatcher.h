@@ -67,21 +67,35 @@ struct RebatchStats {
   int64_t spills = 0;  // pending samples copied out to free ring slots
 };
 
+// A rank of a consumer group: of each `world` * batch_size consecutive
+// samples of the stream, this rank takes the `rank`-th batch_size.
+struct GroupRank {
+  int32_t rank = 0;
+  int32_t world = 1;
+};
+
 class Rebatcher {
  public:
   // batch_size: samples per batch handed out; none: each loader batch as it is.
-  Rebatcher(std::optional<int64_t> batch_size, bool drop_last);
+  // group: this consumer is one rank of a group (needs a batch_size).
+  Rebatcher(std::optional<int64_t> batch_size, bool drop_last,
+            std::optional<GroupRank> group = std::nullopt);
 
   // At most this many ring slots stay pending while a batch is incomplete;
   // beyond it the pending samples are copied out so that the producer, whose
   // ring is finite, can always make progress whatever the batch sizes.
   void set_max_pending(int64_t slots) { max_pending_ = slots; }
 
+  // A new epoch of `samples` samples (-1: not known yet), whose stream
+  // positions before `skip` this consumer does not take (it resumes there).
+  void begin_epoch(int64_t samples, int64_t skip = 0);
   void push(LoaderBatch batch);
-  // A full batch, once `batch_size` samples are buffered.
+  // The next batch, once its samples are buffered.
   std::optional<Batch> pop();
-  // At the end of an epoch: the partial remainder (none if drop_last); empties the buffer.
-  std::optional<Batch> flush();
+  // At the end of an epoch of `samples` samples: what is left (the partial
+  // remainder unless drop_last; a group rank's share of the tail window,
+  // padded); empties the buffer.
+  std::optional<Batch> flush(int64_t samples);
   void clear();
 
   int64_t buffered() const { return buffered_; }
@@ -90,18 +104,43 @@ class Rebatcher {
   std::vector<uint64_t> pending_slots() const;
   // Ring slots the batch handed out last is a view of.
   const std::vector<uint64_t>& last_batch_slots() const { return last_slots_; }
+  // Where this consumer stands in the epoch's stream: the position of the
+  // first sample it has not taken yet (a group: where its next window starts).
+  int64_t position() const;
+  // Batches an epoch of `samples` samples gives (-1 when samples < 0).
+  int64_t batches_for(int64_t samples) const;
 
  private:
+  struct Range {  // stream positions [begin, end) of the next batch
+    int64_t begin = 0;
+    int64_t end = 0;
+    bool tail = false;  // the group's last, partial window: needs the epoch's end
+  };
+  std::optional<Range> next_range(int64_t samples) const;  // none: nothing more this epoch
+  int64_t front_position() const;  // stream position of the first pending sample
+  int64_t buffered_to() const;     // position after the last pending sample
+  void drop_below(int64_t position);
+  void keep_head(const LoaderBatch& batch);
+  void pad(int64_t from, int64_t count);
+  bool waiting() const;  // pending samples that cannot make a batch yet
   Batch take(int64_t n);
   void spill();
 
   std::optional<int64_t> batch_size_;
   bool drop_last_;
+  std::optional<GroupRank> group_;
   std::vector<uint64_t> last_slots_;
   std::deque<LoaderBatch> pending_;
   int64_t front_used_ = 0;  // samples of pending_.front() already handed out
   int64_t buffered_ = 0;
   int64_t max_pending_ = 1 << 30;
+  int64_t samples_ = -1;    // of the current epoch, when known
+  int64_t skip_ = 0;
+  int64_t end_ = 0;         // position after the last sample pushed (or skip_)
+  int64_t windows_ = 0;     // a group's windows done this epoch
+  int64_t progress_ = 0;    // a group's position: where its next window starts
+  std::vector<LoaderBatch> head_;  // a group's first samples of the epoch, for padding
+  int64_t head_samples_ = 0;
   RebatchStats stats_;
 };
 

@@ -1,6 +1,7 @@
 #include "batchcast/producer/membership.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "batchcast/common/error.h"
 
@@ -18,7 +19,21 @@ void Membership::report(Actions& out, Report::Level level, std::string message) 
 
 int64_t Membership::active() const {
   int64_t n = 0;
-  for (const auto& [peer, m] : members_) n += m.leaving ? 0 : 1;
+  std::set<uint64_t> groups;
+  for (const auto& [peer, m] : members_) {
+    if (m.leaving || m.waiting_for_group) continue;
+    if (m.group != 0) {
+      groups.insert(m.group);
+    } else {
+      n += 1;
+    }
+  }
+  return n + static_cast<int64_t>(groups.size());
+}
+
+int64_t Membership::taking() const {
+  int64_t n = 0;
+  for (const auto& [peer, m] : members_) n += (m.leaving || m.waiting_for_group) ? 0 : 1;
   return n;
 }
 
@@ -28,7 +43,7 @@ int64_t Membership::active() const {
 // may overshoot its budget by up to two batches' slots (at most 4): the
 // budget leaves that much of its share free.
 int32_t Membership::pin_budget() const {
-  const int64_t n = std::max<int64_t>(active(), 1);
+  const int64_t n = std::max<int64_t>(taking(), 1);  // every rank of a group keeps its own
   return static_cast<int32_t>(std::max<int64_t>(0, options_.slots / n - 4));
 }
 
@@ -55,10 +70,16 @@ std::vector<ConsumerInfo> Membership::consumers() const {
     info.id = m.id;
     info.pid = m.pid;
     info.batch_size = m.batch_size;
-    info.first_epoch = m.first_epoch;
+    info.first_epoch = m.waiting_for_group ? -1 : m.first_epoch;
     info.batches_sent = m.batches_sent;
     info.stall_seconds = m.stall_seconds;
     info.leaving = m.leaving;
+    if (m.hello.in_group()) {
+      info.group = m.hello.group;
+      info.rank = m.hello.rank;
+      info.world_size = m.hello.world_size;
+      info.waiting_for_group = m.waiting_for_group;
+    }
     for (const auto& [seq, hold] : holds_) {
       if (hold.holders.count(peer) == 0) continue;
       info.slots_held += 1;
@@ -96,12 +117,10 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
   try {
     msg = protocol::decode(data, size);
   } catch (const protocol::VersionMismatch& e) {
-    counters_.refused += 1;
-    send(out, peer,
-         std::make_shared<const std::string>(protocol::encode(protocol::Refuse{
-             "producer '" + options_.name + "' speaks batchcast protocol " +
-             std::to_string(protocol::kVersion) + " but this consumer speaks " +
-             std::to_string(e.version()) + "; install the same batchcast version on both"})));
+    refuse(out, peer,
+           "producer '" + options_.name + "' speaks batchcast protocol " +
+               std::to_string(protocol::kVersion) + " but this consumer speaks " +
+               std::to_string(e.version()) + "; install the same batchcast version on both");
     return out;
   } catch (const MalformedMessage&) {
     counters_.dropped_messages += 1;
@@ -141,6 +160,7 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
       counters_.leaves += 1;
       out.members_changed = true;
       report(out, Report::Level::Info, who(m) + " left");
+      break_group(peer, "left", out);
     }
     forget_if_done(peer, out);
   } else if (std::holds_alternative<protocol::Mapped>(msg)) {
@@ -153,6 +173,7 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
     if (!m.leaving) {
       counters_.leaves += 1;
       report(out, Report::Level::Info, who(m) + " left");
+      break_group(peer, "left", out);
     }
     remove(peer, Departure::Unmapped, out);
   } else {
@@ -166,53 +187,239 @@ Actions Membership::on_malformed() {
   return {};
 }
 
+void Membership::refuse(Actions& out, const std::string& peer, std::string reason) {
+  counters_.refused += 1;
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Refuse{std::move(reason)})));
+}
+
 void Membership::join(const std::string& peer, const protocol::Hello& hello, Actions& out) {
+  const uint64_t group = hello.in_group() ? admit_to_group(peer, hello, out) : 0;
+  if (hello.in_group() && group == 0) return;  // refused
   Member m;
   m.id = next_id_++;
   m.pid = hello.pid;
   m.batch_size = hello.batch_size;
-  m.first_epoch = next_joinable_epoch_;
-  // Catch-up: the current epoch from its start while all of its batches so
-  // far are retained; else the next epoch, as any late joiner.
-  const bool catch_up = (hello.flags & protocol::Hello::kCatchUp) != 0 && delivered_epoch_ >= 0;
-  if (catch_up && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
-    m.first_epoch = delivered_epoch_;
-  } else if (catch_up) {
-    report(out, Report::Level::Notice,
-           "consumer pid " + std::to_string(hello.pid) + " joined epoch " +
-               std::to_string(delivered_epoch_) + " of producer '" + options_.name +
-               "' after its first " + std::to_string(options_.catch_up_window) +
-               " batches (catch_up_window); it starts at epoch " + std::to_string(m.first_epoch));
-  }
+  m.hello = hello;
+  m.group = group;
   m.mapped = options_.ring.on_gpu() && options_.ring.exists();
   m.unread_ring = options_.ring.exists();
+  Start start;
+  if (group != 0) {  // its first epoch comes with GroupReady, once every rank is here
+    m.waiting_for_group = true;
+    m.first_epoch = std::numeric_limits<int64_t>::max();
+  } else {
+    start = start_for(hello, (hello.flags & protocol::Hello::kCatchUp) != 0, out);
+    m.first_epoch = start.first_epoch;
+  }
   auto& member = members_.emplace(peer, m).first->second;
   counters_.joins += 1;
   out.members_changed = true;
   report(out, Report::Level::Info,
-         who(member) + " joined (first epoch " + std::to_string(member.first_epoch) + ")");
+         who(member) +
+             (group != 0 ? " joined as rank " + std::to_string(hello.rank) + " of consumer group '" +
+                               hello.group + "' (" + std::to_string(hello.world_size) + " ranks)"
+                         : " joined (first epoch " + std::to_string(member.first_epoch) + ")"));
 
   protocol::Welcome w;
   w.producer_pid = options_.producer_pid;
   w.ring = options_.ring;
   w.consumer_id = member.id;
-  w.first_epoch = member.first_epoch;
+  w.first_epoch = group != 0 ? -1 : member.first_epoch;
   w.samples_per_epoch = options_.samples_per_epoch;
   w.batches_per_epoch = options_.batches_per_epoch;
   w.slots = options_.slots;
   w.pin_budget = pin_budget();
+  w.resume = start.resume;
+  w.resume_position = start.position;
+  w.loader = options_.loader;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
-  if (finished_) {  // nothing more will come: say so at once
-    send(out, peer, finished_);
-    return;
+  if (group == 0) {
+    begin(peer, member, start, out);  // what it resumes or catches up on, even from a finished producer
+  } else if (!finished_ && groups_.at(group).ranks.size() == static_cast<std::size_t>(hello.world_size)) {
+    start_group(group, out);
   }
-  if (member.first_epoch == delivered_epoch_) {
-    for (const auto& batch : retained_) {
-      holds_.at(batch.seq).holders.insert(peer);
-      member.batches_sent += 1;
-      send(out, peer, encode_batch(batch));
+  if (finished_) send(out, peer, finished_);  // nothing more will come: say so at once
+}
+
+// The forming group of that name this rank joins (a new one if there is
+// none: a restarted group forms beside the old until that one breaks); 0
+// when refused.
+uint64_t Membership::admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out) {
+  auto it = std::find_if(groups_.begin(), groups_.end(),
+                         [&](const auto& g) { return !g.second.complete && g.second.name == hello.group; });
+  std::string why;
+  if (it != groups_.end()) {
+    const Group& g = it->second;
+    if (g.world_size != hello.world_size) {
+      why = "its world_size is " + std::to_string(hello.world_size) + " but rank(s) already there said " +
+            std::to_string(g.world_size);
+    } else if (g.batch_size != hello.batch_size) {
+      why = "its batch_size is " + std::to_string(hello.batch_size) + " but rank(s) already there said " +
+            std::to_string(g.batch_size);
+    } else if (g.ranks.count(hello.rank) != 0) {
+      why = "rank " + std::to_string(hello.rank) + " is already there (consumer pid " +
+            std::to_string(members_.at(g.ranks.at(hello.rank)).pid) + ")";
     }
   }
+  if (!why.empty()) {
+    refuse(out, peer,
+           "producer '" + options_.name + "' refused rank " + std::to_string(hello.rank) + " of consumer group '" +
+               hello.group + "': " + why + "; every rank of a group needs the same world_size and batch_size, "
+               "and a rank of its own");
+    return 0;
+  }
+  if (it == groups_.end()) {
+    it = groups_.emplace(next_group_++, Group{hello.group, hello.world_size, hello.batch_size, {}, false}).first;
+  }
+  it->second.ranks[hello.rank] = peer;
+  return it->first;
+}
+
+// Every rank is present: the group starts as one consumer, where its rank 0
+// asked (its resume position, catch-up if every rank asked for it).
+void Membership::start_group(uint64_t id, Actions& out) {
+  Group& g = groups_.at(id);
+  g.complete = true;
+  bool catch_up = true;
+  for (const auto& [rank, peer] : g.ranks) {
+    catch_up = catch_up && (members_.at(peer).hello.flags & protocol::Hello::kCatchUp) != 0;
+  }
+  const Start start = start_for(members_.at(g.ranks.at(0)).hello, catch_up, out);
+  auto ready = std::make_shared<const std::string>(
+      protocol::encode(protocol::GroupReady{start.first_epoch, start.resume, start.position}));
+  for (const auto& [rank, peer] : g.ranks) {
+    Member& m = members_.at(peer);
+    m.waiting_for_group = false;
+    m.first_epoch = start.first_epoch;
+    send(out, peer, ready);
+    begin(peer, m, start, out);
+  }
+  out.members_changed = true;
+  report(out, Report::Level::Info,
+         "consumer group '" + g.name + "' of producer '" + options_.name + "': all " +
+             std::to_string(g.world_size) + " ranks are present; it starts at epoch " +
+             std::to_string(start.first_epoch));
+}
+
+// Where a newcomer starts: the next epoch; with catch-up, the current one from
+// its start while all of it is retained; resuming, epoch e at position s while
+// every batch of it from the one holding s is still held, else positions from
+// s of the next pass.
+Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch_up, Actions& out) {
+  Start s;
+  s.first_epoch = next_joinable_epoch_;
+  if (hello.resume_epoch >= 0) {
+    int64_t e = hello.resume_epoch;
+    int64_t pos = hello.resume_position;
+    if (last_end_ && e == last_end_->epoch && pos >= last_end_->samples) {
+      e += 1;  // saved after the last sample of an epoch that ended: the next one
+      pos = 0;
+    }
+    // The held batches of epoch e from the one holding pos, if every one of
+    // them up to the epoch's last delivered batch is still held.
+    auto held_from = [&](int64_t delivered) {
+      int64_t expect = -1;
+      for (const auto& [seq, hold] : holds_) {
+        if (!hold.batch || hold.batch->epoch != e) continue;
+        if (expect < 0) {
+          if (pos < hold.position || pos >= hold.position + hold.batch->samples) continue;
+          expect = hold.batch->index;
+        }
+        if (hold.batch->index != expect) break;  // a batch in between is gone
+        s.batches.push_back(hold.batch);
+        expect += 1;
+      }
+      if (expect == delivered) return true;
+      s.batches.clear();
+      return false;
+    };
+    bool exact = false;
+    if (e == delivered_epoch_ && pos >= delivered_samples_in_epoch_) {
+      exact = true;  // nothing at or after pos was served yet
+    } else if (e == delivered_epoch_) {
+      exact = held_from(delivered_in_epoch_);
+    } else if (e == next_joinable_epoch_ && e != delivered_epoch_) {
+      exact = true;  // that epoch has not begun: it is served from its start
+    } else if (last_end_ && e == last_end_->epoch && delivered_epoch_ < 0) {
+      // The epoch that ended last, the next not begun: its rest, still held, and its end.
+      exact = held_from(last_end_->batches);
+      if (exact) s.end = *last_end_;
+    }
+    s.position = pos;
+    if (!exact) e = hello.resume_epoch;
+    if (exact) {
+      s.first_epoch = e;
+      s.resume = protocol::Resume::Exact;
+      counters_.resumed += 1;
+    } else {
+      s.resume = protocol::Resume::NextPass;
+      counters_.resumed_next_pass += 1;
+      report(out, Report::Level::Notice,
+             "consumer pid " + std::to_string(hello.pid) + " of producer '" + options_.name +
+                 "' resumes epoch " + std::to_string(e) + " at sample " + std::to_string(pos) +
+                 ", which the producer no longer holds; it gets positions from " + std::to_string(pos) +
+                 " of epoch " + std::to_string(s.first_epoch) + " instead");
+    }
+    return s;
+  }
+  const bool catching = catch_up && delivered_epoch_ >= 0;
+  if (catching && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
+    s.first_epoch = delivered_epoch_;
+    for (uint64_t seq : retained_) s.batches.push_back(holds_.at(seq).batch);
+  } else if (catching) {
+    report(out, Report::Level::Notice,
+           "consumer pid " + std::to_string(hello.pid) + " joined epoch " + std::to_string(delivered_epoch_) +
+               " of producer '" + options_.name + "' after its first " +
+               std::to_string(options_.catch_up_window) + " batches (catch_up_window); it starts at epoch " +
+               std::to_string(s.first_epoch));
+  }
+  return s;
+}
+
+// The held batches a newcomer starts with (catch-up, resume): it holds them too.
+void Membership::begin(const std::string& peer, Member& member, const Start& start, Actions& out) {
+  for (const auto& batch : start.batches) {
+    holds_.at(batch->seq).holders.insert(peer);
+    member.batches_sent += 1;
+    send(out, peer, encode_batch(*batch));
+  }
+  if (start.end) send(out, peer, std::make_shared<const std::string>(protocol::encode(*start.end)));
+}
+
+// A rank went (`what`: left, exited, was evicted). A forming group only loses
+// that rank; a complete one is over: every other rank is told and gets
+// nothing more, so none of them waits for the missing one.
+void Membership::break_group(const std::string& peer, const std::string& what, Actions& out) {
+  auto member = members_.find(peer);
+  if (member == members_.end() || member->second.group == 0) return;
+  auto g = groups_.find(member->second.group);
+  if (g == groups_.end()) return;  // broken already
+  const protocol::Hello& hello = member->second.hello;
+  if (!g->second.complete) {
+    g->second.ranks.erase(hello.rank);
+    if (g->second.ranks.empty()) groups_.erase(g);
+    return;
+  }
+  const int64_t epoch = delivered_epoch_ >= 0 ? delivered_epoch_ : next_joinable_epoch_;
+  const std::string reason =
+      "rank " + std::to_string(hello.rank) + " (pid " + std::to_string(member->second.pid) +
+      ") of consumer group '" + g->second.name + "' of batchcast producer '" + options_.name + "' " + what +
+      "; from epoch " + std::to_string(epoch) +
+      " the group's other ranks get no more batches (they would wait for it forever). Restart the "
+      "whole group (torchrun's --max-restarts does); a restarted group starts at the next epoch";
+  auto bytes = std::make_shared<const std::string>(protocol::encode(protocol::GroupBroken{epoch, reason}));
+  for (const auto& [rank, other] : g->second.ranks) {
+    auto m = members_.find(other);
+    if (other == peer || m == members_.end() || m->second.leaving) continue;
+    send(out, other, bytes);
+    m->second.leaving = true;
+  }
+  counters_.groups_broken += 1;
+  out.members_changed = true;
+  report(out, what == "left" ? Report::Level::Info : Report::Level::Notice,
+         "consumer group '" + g->second.name + "' of producer '" + options_.name + "' ended: rank " +
+             std::to_string(hello.rank) + " " + what);
+  groups_.erase(g);
 }
 
 void Membership::release(const std::string& peer, uint64_t seq, Actions& out) {
@@ -246,6 +453,7 @@ void Membership::remove(const std::string& peer, Departure how, Actions& out) {
   if (how == Departure::Crashed) {
     counters_.crashes += 1;
     report(out, Report::Level::Notice, who(m->second) + " exited without leaving; what it held is freed");
+    break_group(peer, "exited without leaving", out);
   }
   members_.erase(m);
   out.members_changed = true;
@@ -282,14 +490,17 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
     end_retention(out);
     delivered_epoch_ = batch.epoch;
     delivered_in_epoch_ = 0;
+    delivered_samples_in_epoch_ = 0;
   }
   delivered_in_epoch_ += 1;
   if (delivered_in_epoch_ > options_.catch_up_window) end_retention(out);
-  auto hold = holds_.emplace(batch.seq, Hold{{}, now, false}).first;
   auto bytes = encode_batch(batch);
+  auto shared = std::make_shared<const protocol::Announcement>(std::move(batch));
+  auto hold = holds_.emplace(shared->seq, Hold{{}, now, false, shared, delivered_samples_in_epoch_}).first;
+  delivered_samples_in_epoch_ += shared->samples;
   if (delivered_in_epoch_ <= options_.catch_up_window) {
     hold->second.retained = true;
-    retained_.push_back(std::move(batch));
+    retained_.push_back(shared->seq);
   }
   for (auto& [peer, m] : members_) {
     if (m.leaving || m.first_epoch > delivered_epoch_) continue;
@@ -304,8 +515,10 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
 Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   Actions out;
   end_retention(out);
+  last_end_ = end;
   delivered_epoch_ = -1;  // no epoch in progress: every newcomer gets the next
   delivered_in_epoch_ = 0;
+  delivered_samples_in_epoch_ = 0;
   next_joinable_epoch_ = std::max(next_joinable_epoch_, end.epoch + 1);
   if (options_.samples_per_epoch < 0) options_.samples_per_epoch = end.samples;
   if (options_.batches_per_epoch < 0) options_.batches_per_epoch = end.batches;
@@ -331,8 +544,8 @@ Actions Membership::on_finished(const protocol::Finished& finished) {
 void Membership::end_retention(Actions& out) {
   auto retained = std::move(retained_);
   retained_.clear();
-  for (const auto& batch : retained) {
-    auto hold = holds_.find(batch.seq);
+  for (uint64_t seq : retained) {
+    auto hold = holds_.find(seq);
     if (hold == holds_.end()) continue;
     hold->second.retained = false;
     free_if_unheld(hold, out);
@@ -387,6 +600,7 @@ void Membership::evict(const std::string& peer, double held_seconds, Actions& ou
   m.leaving = true;
   counters_.evictions += 1;
   out.members_changed = true;
+  break_group(peer, "was evicted (straggler_timeout)", out);
   report(out, Report::Level::Notice, who(m) + " was evicted: it left a batch unconsumed for " +
                                          std::to_string(static_cast<int>(held_seconds)) +
                                          " s (straggler_timeout)");

@@ -23,6 +23,15 @@
 //   a batch unreleased longer than straggler_timeout — one it has not moved
 //   past, so not a batch it keeps — is evicted: it gets nothing more, and
 //   frees what it does not reference.
+// - Groups: the ranks of a consumer group (a data-parallel trial) each get
+//   the whole stream and take their own part of it; the group starts when
+//   all its ranks are present (GroupReady: its first epoch), counts as one
+//   consumer, and ends when one of its ranks goes: the others are told
+//   (GroupBroken) and get nothing more. A new group of the name can form
+//   once the old one is broken.
+// - Resume: a consumer (or group) that asks to continue epoch e at sample
+//   position s gets it exactly while the producer still holds every batch of
+//   e from the one holding s on; otherwise positions from s of the next pass.
 #pragma once
 
 #include <chrono>
@@ -50,6 +59,7 @@ struct MembershipOptions {
   int64_t samples_per_epoch = -1; // -1: learned when the first epoch ends
   int64_t batches_per_epoch = -1;
   protocol::Ring ring;            // where the ring is (a GPU's UUID) before it exists
+  std::string loader;             // the loader's description, for resuming consumers
 };
 
 struct ConsumerInfo {
@@ -63,6 +73,10 @@ struct ConsumerInfo {
   int64_t batches_sent = 0;
   double stall_seconds = 0;  // time the producer waited for ring space because of it
   bool leaving = false;      // said goodbye or was evicted: gets nothing more
+  std::string group;         // its consumer group ("" none), rank and world size
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  bool waiting_for_group = false;  // its group is not complete yet: gets no batches
 };
 
 struct MembershipCounters {
@@ -72,6 +86,9 @@ struct MembershipCounters {
   int64_t evictions = 0;         // stragglers removed (straggler_timeout)
   int64_t refused = 0;           // other protocol versions
   int64_t dropped_messages = 0;  // malformed or unexpected
+  int64_t groups_broken = 0;     // consumer groups ended by a rank that went
+  int64_t resumed = 0;           // consumers (or groups) that resumed exactly
+  int64_t resumed_next_pass = 0; // ... that got the rest of their epoch from the next pass
 };
 
 // What one event asks of the I/O loop and of the ring.
@@ -114,7 +131,9 @@ class Membership {
   // A message that is not even two frames (a peer id and a body).
   Actions on_malformed();
 
-  int64_t active() const;  // consumers that have not said goodbye
+  // Consumers that have not said goodbye; a complete group counts once, a
+  // forming one not at all.
+  int64_t active() const;
   // Processes that may still map the ring (GPU: it may be freed only after
   // each of them has unmapped it or exited).
   std::vector<int64_t> ring_importers() const;
@@ -138,18 +157,47 @@ class Membership {
     bool leaving = false;
     bool mapped = false;         // was given a GPU ring it has not said it unmapped
     bool unread_ring = false;    // was given the ring and has not said it mapped it
+    protocol::Hello hello;       // as it joined (group, rank, resume)
+    uint64_t group = 0;          // its group's id; 0: none
+    bool waiting_for_group = false;
   };
   struct Hold {
     std::set<std::string> holders;
     Clock::time_point since;
     bool retained = false;  // kept for catch-up joins
+    std::shared_ptr<const protocol::Announcement> batch;  // for consumers that resume into it
+    int64_t position = 0;   // samples of its epoch before it
+  };
+  // One generation of a named group: a restarted group is a new one, formed
+  // beside the old until that one breaks.
+  struct Group {
+    std::string name;
+    int32_t world_size = 0;
+    int64_t batch_size = 0;
+    std::map<int32_t, std::string> ranks;  // rank -> peer
+    bool complete = false;                 // every rank came: it takes part
+  };
+  // Where a newcomer (or a group, once complete) starts.
+  struct Start {
+    int64_t first_epoch = 0;
+    protocol::Resume resume = protocol::Resume::None;
+    int64_t position = 0;
+    std::vector<std::shared_ptr<const protocol::Announcement>> batches;  // held ones to send
+    std::optional<protocol::EpochEnd> end;  // resumed into an epoch that has ended: its end too
   };
   enum class Departure { Unmapped, Crashed };
 
   void join(const std::string& peer, const protocol::Hello& hello, Actions& out);
+  uint64_t admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out);
+  void start_group(uint64_t id, Actions& out);
+  Start start_for(const protocol::Hello& hello, bool catch_up, Actions& out);
+  void begin(const std::string& peer, Member& member, const Start& start, Actions& out);
+  void break_group(const std::string& peer, const std::string& what, Actions& out);
+  void refuse(Actions& out, const std::string& peer, std::string reason);
   void send(Actions& out, const std::string& peer, std::shared_ptr<const std::string> bytes);
   void broadcast(Actions& out, const protocol::Message& message, int64_t epoch = -1);
   std::shared_ptr<const std::string> encode_batch(protocol::Announcement batch) const;
+  int64_t taking() const;  // member processes that get batches (each rank of a group)
   void release(const std::string& peer, uint64_t seq, Actions& out);
   void free_if_unheld(std::map<uint64_t, Hold>::iterator hold, Actions& out);
   void forget_if_done(const std::string& peer, Actions& out);
@@ -162,9 +210,13 @@ class Membership {
   MembershipOptions options_;
   std::map<std::string, Member> members_;  // by ZeroMQ routing id
   std::map<uint64_t, Hold> holds_;          // announced slots not yet free
-  std::vector<protocol::Announcement> retained_;  // the current epoch's first batches
+  std::vector<uint64_t> retained_;          // the current epoch's first batches (their slots)
   int64_t delivered_epoch_ = -1;            // epoch in progress; -1 between epochs
   int64_t delivered_in_epoch_ = 0;
+  int64_t delivered_samples_in_epoch_ = 0;
+  std::optional<protocol::EpochEnd> last_end_;  // of the last epoch that ended
+  std::map<uint64_t, Group> groups_;        // forming or complete; a broken group leaves
+  uint64_t next_group_ = 1;
   int64_t next_joinable_epoch_ = 0;
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later

@@ -49,7 +49,7 @@ Producer::Producer(ProducerOptions options)
       membership_(MembershipOptions{options_.name, ::getpid(), options_.slots,
                                     *options_.catch_up_window, options_.straggler_timeout.value_or(0),
                                     options_.samples_per_epoch, options_.batches_per_epoch,
-                                    ring_->description()}) {
+                                    ring_->description(), options_.loader}) {
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
   lock_ = std::make_unique<NameLock>(dir_, options_.name);
@@ -359,6 +359,7 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   std::lock_guard<std::mutex> lock(mu_);
   a.epoch = epoch_;
   a.index = epoch_batches_++;
+  a.position = epoch_samples_;
   epoch_samples_ += batch.samples;
   stats_.batches_published += 1;
   stats_.samples_published += batch.samples;
@@ -436,6 +437,9 @@ ProducerStats Producer::stats() const {
   s.evictions = c.evictions;
   s.refused = c.refused;
   s.dropped_messages = c.dropped_messages;
+  s.groups_broken = c.groups_broken;
+  s.resumed = c.resumed;
+  s.resumed_next_pass = c.resumed_next_pass;
   if (ring_) {
     s.slots_in_use = ring_->slots_in_use();
     s.direct_copies = ring_->direct_copies();

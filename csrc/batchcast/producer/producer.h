@@ -46,6 +46,9 @@ struct ProducerOptions {
   std::optional<int64_t> catch_up_window;
   int cuda_device = -1;            // >= 0: the ring is GPU memory on this device
   double linger = 30.0;            // GPU ring: seconds close() waits for consumers to unmap it
+  // What the loader is (its type, length, batch size, seed when known): told
+  // to consumers, whose saved state says which loader it belongs to.
+  std::string loader;
   Reporter reporter;               // where events and warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
@@ -64,6 +67,7 @@ struct ProducerOptions {
     v("catch_up_window", catch_up_window);
     v("cuda_device", cuda_device);
     v("linger", linger);
+    v("loader", loader);
   }
 };
 
@@ -89,6 +93,9 @@ struct ProducerStats {
   int64_t evictions = 0;
   int64_t refused = 0;
   int64_t dropped_messages = 0;
+  int64_t groups_broken = 0;
+  int64_t resumed = 0;
+  int64_t resumed_next_pass = 0;
   uint64_t ring_bytes = 0;
   std::string ring_device;  // "cpu" or "cuda:N"
   int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
@@ -117,6 +124,9 @@ struct ProducerStats {
     v("evictions", evictions);
     v("refused", refused);
     v("dropped_messages", dropped_messages);
+    v("groups_broken", groups_broken);
+    v("resumed", resumed);
+    v("resumed_next_pass", resumed_next_pass);
     v("ring_bytes", ring_bytes);
     v("ring_device", ring_device);
     v("direct_copies", direct_copies);
@@ -138,6 +148,10 @@ void visit(const ConsumerInfo& c, Visit&& v) {
   v("batches_sent", c.batches_sent);
   v("stall_seconds", c.stall_seconds);
   v("leaving", c.leaving);
+  v("group", c.group);
+  v("rank", c.rank);
+  v("world_size", c.world_size);
+  v("waiting_for_group", c.waiting_for_group);
 }
 
 class Producer {

@@ -169,6 +169,11 @@ Leaf decode_leaf(Reader& r, int64_t samples) {
   throw MalformedMessage("unknown leaf tag");
 }
 
+Resume resume_from(uint8_t value) {
+  if (value > static_cast<uint8_t>(Resume::NextPass)) throw MalformedMessage("bad resume kind");
+  return static_cast<Resume>(value);
+}
+
 }  // namespace
 
 std::size_t element_size(DType dtype) { return kElementSizes[static_cast<uint8_t>(dtype)]; }
@@ -199,6 +204,11 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int64_t>(m.pid);
           w.put<uint32_t>(m.flags);
           w.put<int64_t>(m.batch_size);
+          w.text(m.group);
+          w.put<int32_t>(m.rank);
+          w.put<int32_t>(m.world_size);
+          w.put<int64_t>(m.resume_epoch);
+          w.put<int64_t>(m.resume_position);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           w.put<int64_t>(m.producer_pid);
           encode_ring(w, m.ring);
@@ -208,6 +218,16 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int64_t>(m.batches_per_epoch);
           w.put<int64_t>(m.slots);
           w.put<int32_t>(m.pin_budget);
+          w.put<uint8_t>(static_cast<uint8_t>(m.resume));
+          w.put<int64_t>(m.resume_position);
+          w.text(m.loader);
+        } else if constexpr (std::is_same_v<T, GroupReady>) {
+          w.put<int64_t>(m.first_epoch);
+          w.put<uint8_t>(static_cast<uint8_t>(m.resume));
+          w.put<int64_t>(m.resume_position);
+        } else if constexpr (std::is_same_v<T, GroupBroken>) {
+          w.put<int64_t>(m.epoch);
+          w.text(m.reason);
         } else if constexpr (std::is_same_v<T, Refuse>) {
           w.text(m.reason);
         } else if constexpr (std::is_same_v<T, Announcement>) {
@@ -217,6 +237,7 @@ std::string encode(const Message& message, uint16_t version) {
           w.put<int32_t>(m.event);
           w.put<int32_t>(m.pin_budget);
           w.put<int64_t>(m.samples);
+          w.put<int64_t>(m.position);
           w.text(m.layout);
           w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
           for (const auto& leaf : m.leaves) encode_leaf(w, leaf);
@@ -262,7 +283,18 @@ Message decode(const void* data, std::size_t size) {
       m.pid = r.get<int64_t>();
       m.flags = r.get<uint32_t>();
       m.batch_size = r.get<int64_t>();
+      m.group = r.text(kMaxGroupName);
+      m.rank = r.get<int32_t>();
+      m.world_size = r.get<int32_t>();
+      m.resume_epoch = r.get<int64_t>();
+      m.resume_position = r.get<int64_t>();
       if (m.batch_size < 0) throw MalformedMessage("negative batch size");
+      if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
+          (m.world_size > 0 ? (m.rank >= m.world_size || m.group.empty())
+                            : (m.rank != 0 || !m.group.empty()))) {
+        throw MalformedMessage("bad group");
+      }
+      if (m.resume_epoch < -1 || m.resume_position < 0) throw MalformedMessage("bad resume");
       out = m;
       break;
     }
@@ -276,8 +308,11 @@ Message decode(const void* data, std::size_t size) {
       m.batches_per_epoch = r.get<int64_t>();
       m.slots = r.get<int64_t>();
       m.pin_budget = r.get<int32_t>();
-      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < 0 || m.samples_per_epoch < -1 ||
-          m.batches_per_epoch < -1 || m.pin_budget < 0) {
+      m.resume = resume_from(r.get<uint8_t>());
+      m.resume_position = r.get<int64_t>();
+      m.loader = r.text(kMaxText);
+      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
+          m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0) {
         throw MalformedMessage("bad welcome");
       }
       out = m;
@@ -291,7 +326,8 @@ Message decode(const void* data, std::size_t size) {
       m.event = r.get<int32_t>();
       m.pin_budget = r.get<int32_t>();
       m.samples = r.get<int64_t>();
-      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.event < -1 || m.pin_budget < 0 ||
+      m.position = r.get<int64_t>();
+      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.position < 0 || m.event < -1 || m.pin_budget < 0 ||
           m.event >= static_cast<int32_t>(kMaxEvents)) {
         throw MalformedMessage("bad announcement field");
       }
@@ -351,6 +387,23 @@ Message decode(const void* data, std::size_t size) {
     case Kind::Mapped:
       out = Mapped{};
       break;
+    case Kind::GroupReady: {
+      GroupReady m;
+      m.first_epoch = r.get<int64_t>();
+      m.resume = resume_from(r.get<uint8_t>());
+      m.resume_position = r.get<int64_t>();
+      if (m.first_epoch < 0 || m.resume_position < 0) throw MalformedMessage("bad group ready");
+      out = m;
+      break;
+    }
+    case Kind::GroupBroken: {
+      GroupBroken m;
+      m.epoch = r.get<int64_t>();
+      m.reason = r.text(kMaxText);
+      if (m.epoch < 0) throw MalformedMessage("bad group broken");
+      out = std::move(m);
+      break;
+    }
     case Kind::StatusRequest:
       out = StatusRequest{};
       break;
@@ -369,7 +422,8 @@ const char* kind_name(const Message& message) {
                                            "Announcement", "EpochEnd", "LoaderFailed",
                                            "Finished", "Heartbeat",    "Release", "Bye",
                                            "RingReady", "Evicted", "Unmapped", "StatusRequest",
-                                           "Status", "Mapped"};
+                                           "Status", "Mapped", "GroupReady", "GroupBroken"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }
 

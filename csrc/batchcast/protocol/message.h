@@ -15,7 +15,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 4;
+constexpr uint16_t kVersion = 5;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -27,6 +27,8 @@ constexpr std::size_t kMaxReleases = 1u << 20;
 constexpr std::size_t kMaxEvents = 4096;
 constexpr std::size_t kUuidBytes = 16;
 constexpr std::size_t kHandleBytes = 64;  // a CUDA IPC memory or event handle
+constexpr std::size_t kMaxGroupName = 128;
+constexpr int32_t kMaxWorldSize = 4096;
 
 enum class Kind : uint16_t {
   Hello = 1,
@@ -45,6 +47,8 @@ enum class Kind : uint16_t {
   StatusRequest = 14,
   Status = 15,
   Mapped = 16,
+  GroupReady = 17,
+  GroupBroken = 18,
 };
 
 enum class DType : uint8_t {
@@ -74,6 +78,24 @@ struct Hello {
   int64_t pid = 0;
   uint32_t flags = 0;
   int64_t batch_size = 0;  // the consumer's own (0: the loader's batches as they are); for status
+  // A rank of a consumer group (world_size > 0): the group's ranks split the
+  // stream and count as one consumer; the group starts once all are present.
+  std::string group;
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  // Resuming (resume_epoch >= 0): continue epoch resume_epoch at sample
+  // position resume_position of the producer's stream.
+  int64_t resume_epoch = -1;
+  int64_t resume_position = 0;
+  bool in_group() const { return world_size > 0; }
+};
+
+// How a resumed consumer (or group) continues; in Welcome or GroupReady.
+enum class Resume : uint8_t {
+  None = 0,      // not resuming: epochs from first_epoch, whole
+  Exact = 1,     // epoch first_epoch from resume_position: the producer still held it
+  NextPass = 2,  // the producer no longer held it: positions from resume_position of
+                 // epoch first_epoch (the loader's next pass) stand in for the rest
 };
 
 // Where the ring lives: host shared memory (a memfd) or one allocation on a
@@ -98,6 +120,11 @@ struct Welcome {
   int64_t batches_per_epoch = -1;  // loader batches per epoch; -1: unknown until then
   int64_t slots = 0;               // batches the ring is sized for
   int32_t pin_budget = 0;          // see Announcement::pin_budget
+  // A group's rank: first_epoch is -1 until GroupReady says it (once every
+  // rank is present); resume then comes with GroupReady too.
+  Resume resume = Resume::None;
+  int64_t resume_position = 0;
+  std::string loader;              // the producer's description of its loader (for resuming)
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.
@@ -133,6 +160,7 @@ struct Announcement {
   // what consumers keep never fills the ring. The producer's share per consumer.
   int32_t pin_budget = 0;
   int64_t samples = 0;
+  int64_t position = 0;  // samples of its epoch before it: where it lies in the stream
   std::string layout;  // opaque structure description (JSON written by the Python package)
   std::vector<Leaf> leaves;
 };
@@ -184,6 +212,22 @@ struct Evicted {
   std::string reason;
 };
 
+// Producer -> every rank of a group, once all of them are present: the
+// group's first epoch (and how it resumes, if it asked to).
+struct GroupReady {
+  int64_t first_epoch = 0;
+  Resume resume = Resume::None;
+  int64_t resume_position = 0;
+};
+
+// Producer -> the other ranks of a group: a rank left, died or was evicted;
+// the group gets nothing more from epoch `epoch` on (the epoch in progress,
+// or the next one if it left between epochs).
+struct GroupBroken {
+  int64_t epoch = 0;
+  std::string reason;
+};
+
 // Anyone -> producer: what are you doing? Needs no membership.
 struct StatusRequest {};
 
@@ -195,7 +239,7 @@ struct Status {
 
 using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
                              Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped,
-                             StatusRequest, Status, Mapped>;
+                             StatusRequest, Status, Mapped, GroupReady, GroupBroken>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {

@@ -287,6 +287,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<RebatchError>(m, "RebatchError", error.ptr());
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
   py::register_exception<Evicted>(m, "Evicted", error.ptr());
+  py::register_exception<GroupError>(m, "GroupError", error.ptr());
   py::register_exception<CudaError>(m, "CudaError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -317,6 +318,11 @@ PYBIND11_MODULE(_C, m) {
       "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
       "handler(level: int, kind: str, message: str), called on the caller's thread");
 
+  m.def(
+      "runtime_dir", [](const std::string& override_dir) { return runtime_dir(override_dir); },
+      py::arg("override_dir") = "",
+      "The per-user runtime directory (created 0700 if missing): override_dir, else "
+      "$BATCHCAST_RUNTIME_DIR, else $XDG_RUNTIME_DIR/batchcast, else /tmp/batchcast-<uid>");
   m.def(
       "list_producers",
       [](const std::string& runtime_dir, const std::string& name, double timeout, bool clean) {
@@ -350,7 +356,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            "Producer(name=..., runtime_dir=..., slots=..., ring_bytes=..., samples_per_epoch=..., "
            "batches_per_epoch=..., straggler_timeout=..., catch_up_window=..., cuda_device=..., "
-           "linger=...)")
+           "linger=..., loader=...)")
       .def("wait_for_consumers",
            [](BoundProducer& b, int64_t count, double timeout) {
              return released(b, [&](Producer& p) { return p.wait_for_consumers(count, timeout); });
@@ -402,7 +408,8 @@ PYBIND11_MODULE(_C, m) {
            }),
            "Consumer(name=..., batch_size=None, drop_last=False, timeout=30.0, catch_up=False, "
            "runtime_dir='', placement=Placement.AUTO, cuda_device=-1, "
-           "release_after=ReleaseAfter.STREAM)")
+           "release_after=ReleaseAfter.STREAM, group='', rank=0, world_size=0, resume_epoch=-1, "
+           "resume_position=0)")
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {
@@ -418,5 +425,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("finished", [](BoundConsumer& b) { return b.core->finished(); })
       .def_property_readonly("samples_per_epoch", [](BoundConsumer& b) { return b.core->samples_per_epoch(); })
       .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
+      .def("position", [](BoundConsumer& b) { return b.core->position(); },
+           "(epoch, stream position of the first sample not taken yet), to resume from")
       .def("stats", [](BoundConsumer& b) { return to_dict(b.core->stats()); });
 }

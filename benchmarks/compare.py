@@ -1,7 +1,7 @@
 """One shared loading pipeline against the alternatives, side by side.
 
-    python benchmarks/compare.py --with-tensorsocket  # everything (~40 min on 2 CPUs)
-    python benchmarks/compare.py                      # ... without TensorSocket (~30 min)
+    python benchmarks/compare.py --with-tensorsocket  # everything (~60 min on 2 CPUs)
+    python benchmarks/compare.py                      # ... without TensorSocket (~40 min)
     python benchmarks/compare.py --quick              # smoke run, tiny sizes (< 3 min)
 
 Systems, each fed the same data by the same loader settings (DataLoader with

@@ -1,7 +1,7 @@
 """A sweep on a local multi-node Ray cluster: one batchcast producer per node
 (batchcast.ray) against a DataLoader per trial, same trials, same loader.
 
-    python benchmarks/ray_sweep.py                  # 2 nodes, 4 trials, 3 repeats (~4 min on 2 CPUs)
+    python benchmarks/ray_sweep.py                  # 2 nodes, 4 trials, 3 repeats (~2 min on 2 CPUs)
     python benchmarks/ray_sweep.py --nodes 3 --trials 6 --repeats 5
 
 Each trial is a Ray task pinned to a node (round robin) that reads its batches
@@ -71,7 +71,8 @@ def trial(mode: str, index: int, cfg: dict[str, Any]) -> dict[str, Any]:
     samples, size, workers = cfg["samples"], cfg["size"], cfg["workers"]
     if mode == "batchcast":
         loader = bc.ray.consumer(NAME, lambda: make_loader(samples, size, workers), batch_size=bs,
-                                 producer_options={"min_consumers": cfg["per_node"]})
+                                 producer_options={"min_consumers": cfg["per_node"],
+                                                   "epochs": cfg["epochs"]})
     else:
         loader = make_loader(samples, size, workers, bs)
     buffer = None
@@ -179,7 +180,7 @@ def main() -> None:
     ap.add_argument("--cpus-per-node", type=float, default=2)
     ap.add_argument("--trials", type=int, default=4)
     ap.add_argument("--trial-cpus", type=float, default=1)
-    ap.add_argument("--samples", type=int, default=1024)
+    ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)

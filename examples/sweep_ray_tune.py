@@ -60,8 +60,12 @@ def train(config: dict[str, Any]) -> None:
     cpu0, started = cpu_seconds(), time.perf_counter()
     samples, size, workers = config["samples"], config["size"], config["workers"]
     if config["shared"]:
+        # The node's producer serves the sweep's epochs, starting once the
+        # trials a node runs at once have joined (so each sees every epoch).
         loader = bc.ray.consumer(NAME, lambda: make_loader(samples, size, workers),
-                                 batch_size=config["batch_size"], late_join="catch_up")
+                                 batch_size=config["batch_size"],
+                                 producer_options={"epochs": config["epochs"],
+                                                   "min_consumers": config["per_node"]})
     else:
         loader = DataLoader(SyntheticImages(samples, size=size), batch_size=config["batch_size"],
                             num_workers=workers)
@@ -92,9 +96,9 @@ def sweep(args: argparse.Namespace, shared: bool, storage: str) -> tuple[list[di
     producers' CPU seconds (0 without batchcast)."""
     space = {"lr": tune.grid_search(LEARNING_RATES[:min(args.trials, 4)]),
              "batch_size": tune.sample_from(
-                 lambda spec: BATCH_SIZES[LEARNING_RATES.index(spec.config.lr)]),
+                 lambda config: BATCH_SIZES[LEARNING_RATES.index(config["lr"])]),
              "shared": shared, "epochs": args.epochs, "samples": args.samples,
-             "size": args.size, "workers": args.workers}
+             "size": args.size, "workers": args.workers, "per_node": args.trials_per_node}
     tuner = tune.Tuner(
         tune.with_resources(train, {"cpu": args.trial_cpus}),
         param_space=space,
@@ -132,6 +136,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-node", type=float, default=2, help="local cluster")
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--trial-cpus", type=float, default=1.0, help="CPUs Tune gives a trial")
+    parser.add_argument("--trials-per-node", type=int, default=0,
+                        help="trials a node runs at once (default: local cluster, its CPUs / "
+                             "--trial-cpus; else 1)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024, help="samples per epoch")
     parser.add_argument("--size", type=int, default=64, help="image side")
@@ -139,6 +146,8 @@ def main() -> None:
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the sweep where each trial has its own DataLoader")
     args = parser.parse_args()
+    if not args.trials_per_node:
+        args.trials_per_node = 1 if args.address else max(1, int(args.cpus_per_node // args.trial_cpus))
 
     cluster = None
     if args.address:

@@ -31,6 +31,9 @@ echo "== Python tests"
 export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
 echo "   simulated-device seeds: $BATCHCAST_SIMULATED_SEEDS"
 $PY -m pytest -q -p no:cacheprovider tests/python "$@"
+echo "== Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
+$PY -m pip install -q "ray[tune]==2.60.0"
+$PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
 echo "== Mutants: each deliberate bug in the GPU path is caught by a test (simulated device)"
 $PY tests/mutations/run.py
 echo "== Wheel: pip alone (bundled libzmq, pinned torch, the system's libzmq hidden)"

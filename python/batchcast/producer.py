@@ -127,6 +127,7 @@ class Producer:
         self._thread: threading.Thread | None = None
         self._stats: dict | None = None
         self.error: BaseException | None = None
+        self.epochs_begun = 0  # a consumer joining now starts after these
         self.epochs_served = 0
 
     # ---- serving ----------------------------------------------------------
@@ -154,6 +155,7 @@ class Producer:
         """Serves epoch `epoch`, yielding after each published batch (so that
         batchcast.compat.tensorsocket can hand the loop to its caller)."""
         core.wait_for_consumers(1)
+        self.epochs_begun = epoch + 1
         core.begin_epoch(epoch)
         iterator = iter(self.loader)
         try:

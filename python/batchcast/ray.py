@@ -37,7 +37,10 @@ on one machine never share a producer.
 Lifetime. Ray never cleans up detached actors, and ``ray.kill`` skips
 ``atexit``; nothing here depends on either. A producer ends itself once no
 consumer has been connected for ``idle_timeout`` seconds, and ``shutdown()``
-stops each one (its files removed) before killing it.
+stops each one (its files removed) before killing it. One given ``epochs``
+that has served them all stays, idle, with its report (``producers()``,
+``shutdown()``) until its lease runs out, or until a trial asks for it again:
+then it ends and that trial gets a new one, from the loader's first epoch.
 
 ``import batchcast`` does not import Ray; ``batchcast.ray`` does.
 """
@@ -61,6 +64,12 @@ from .producer import Producer
 
 NAMESPACE = "batchcast"  # the Ray namespace of every producer actor
 _log = logging.getLogger("batchcast")
+
+
+def _cpu_seconds() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + workers.ru_utime + workers.ru_stime
 
 
 def node_runtime_dir(node_id: str) -> str:
@@ -87,35 +96,44 @@ class NodeProducer:
         here = ray.get_runtime_context().get_node_id()
         if here != node_id:  # the scheduling strategy is hard: this is a bug
             raise RuntimeError(f"producer for node {node_id} started on node {here}")
+        self._cpu0 = _cpu_seconds()
         self._name, self._node_id, self._idle_timeout = name, node_id, idle_timeout
         self._dir = node_runtime_dir(node_id)
         self._producer = Producer(make_loader(), name, runtime_dir=self._dir, **options).start()
         self._lock = threading.Lock()
         self._last_used = time.monotonic()
         self._leases = 0
-        self._closing = False
+        self._closing = False   # ending: no more leases
+        self._replace = False   # a trial it cannot serve asked: end once its consumers are done
         threading.Thread(target=self._watch, name=f"batchcast-lease-{name}", daemon=True).start()
+
+    def _done(self) -> bool:
+        """Whether a newcomer would get nothing: its last epoch has begun (a
+        consumer joining now starts after it), or it no longer serves."""
+        p = self._producer
+        return not p.serving or (p.epochs is not None and p.epochs_begun >= p.epochs)
 
     def lease(self) -> dict[str, Any] | None:
         """Where to connect, and the lease renewed; None when this producer is
-        ending (ask again: a new one is made)."""
+        ending, or has begun its last epoch (then it ends once its consumers
+        are done, and the caller, asking again, gets a new one)."""
         with self._lock:
-            if self._closing:
+            if not self._closing and self._done():
+                self._replace = True
+            if self._closing or self._replace:
                 return None
             self._last_used = time.monotonic()
             self._leases += 1
         return {"runtime_dir": self._dir, "pid": os.getpid(), "node_id": self._node_id}
 
     def info(self) -> dict[str, Any]:
-        """The node, the process, the leases given, the CPU seconds of this
-        process and of its loader workers that have exited (DataLoader workers
-        exit at each epoch's end unless persistent), and the producer's stats()."""
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+        """The node, the process, the leases given, the CPU seconds since it
+        was made of this process and of its loader workers that have exited
+        (DataLoader workers exit at each epoch's end unless persistent), and
+        the producer's stats()."""
         return {"name": self._name, "node_id": self._node_id, "pid": os.getpid(),
                 "runtime_dir": self._dir, "leases": self._leases,
-                "cpu_seconds": me.ru_utime + me.ru_stime + workers.ru_utime + workers.ru_stime,
-                "stats": self._producer.stats()}
+                "cpu_seconds": _cpu_seconds() - self._cpu0, "stats": self._producer.stats()}
 
     def stop(self) -> dict[str, Any]:
         """Stops serving (consumers still iterating get ProducerLost), removes
@@ -136,22 +154,27 @@ class NodeProducer:
 
     def _watch(self) -> None:
         """Ends the actor once no consumer has been connected for idle_timeout
-        seconds, or once the producer stopped serving (its loader raised)."""
+        seconds (its lease ran out), or once it is done, a trial it cannot
+        serve asked for it, and its own consumers have gone."""
         while True:
             time.sleep(0.2)
             with self._lock:
                 if self._closing:
                     return
                 now = time.monotonic()
-                if self._producer.consumers > 0:
+                busy = self._producer.consumers > 0
+                if busy:
                     self._last_used = now
                 idle = (self._idle_timeout is not None
                         and now - self._last_used >= self._idle_timeout)
-                if idle or not self._producer.serving:
+                replaced = self._replace and not busy and not self._producer.serving
+                if idle or replaced:
                     self._closing = True
                     break
-        _log.info("producer '%s' on node %s ends: %s", self._name, self._node_id,
-                  "idle" if idle else "no longer serving")
+        self._end("idle" if idle else "done; a new trial gets a new producer")
+
+    def _end(self, why: str) -> None:
+        _log.info("producer '%s' on node %s ends: %s", self._name, self._node_id, why)
         self._close()
         ray.get_runtime_context().current_actor.__ray_terminate__.remote()
 
@@ -189,11 +212,11 @@ def _lease(name: str, make_loader: Callable[[], Any], node_id: str, timeout: flo
            options: dict[str, Any]) -> dict[str, Any]:
     """A lease from the node's producer, made if needed; waits out one that is
     ending (its idle time just ran out) and asks its successor."""
-    deadline = time.monotonic() + timeout
+    told = False
     while True:
         actor = producer(name, make_loader, node_id=node_id, **options)
         try:
-            lease = ray.get(actor.lease.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            lease = ray.get(actor.lease.remote(), timeout=timeout)
         except ray.exceptions.ActorDiedError as exc:
             if getattr(exc, "actor_init_failed", False):
                 raise RuntimeError(f"the batchcast producer '{name}' on node {node_id} could not "
@@ -204,13 +227,13 @@ def _lease(name: str, make_loader: Callable[[], Any], node_id: str, timeout: flo
                                f"within {timeout} s") from None
         if lease is not None:
             return lease
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the batchcast producer '{name}' on node {node_id} kept ending "
-                               f"for {timeout} s")
-        with contextlib.suppress(ValueError):  # gone once ray.get_actor raises
-            while time.monotonic() < deadline:
-                ray.get_actor(actor_name(name, node_id), namespace=NAMESPACE)
-                time.sleep(0.05)
+        # It answers but ends (or finishes its last epoch for its consumers):
+        # wait for it to be gone, then ask again, which makes a new one.
+        if not told:
+            _log.info("waiting for batchcast producer '%s' on node %s to end (it has begun its "
+                      "last epoch); then a new one starts", name, node_id)
+            told = True
+        time.sleep(0.2)
 
 
 def consumer(name: str, make_loader: Callable[[], Any], batch_size: int | None = None, *,

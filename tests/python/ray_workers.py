@@ -35,7 +35,8 @@ def loader_factory(samples: int, loader_batch: int, seed: int = 0):
 @ray.remote(num_cpus=0.5, max_retries=0)
 def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: int,
           min_consumers: int = 1, idle_timeout: float | None = 300.0,
-          die_after: int = -1, started: Any = None, sleep: float = 0.0) -> dict[str, Any]:
+          die_after: int = -1, started: Any = None, sleep: float = 0.0,
+          producer_epochs: int | None = None) -> dict[str, Any]:
     """A trial: the node's stream at its own batch size for `epochs` epochs,
     every value checked. `die_after` >= 0: killed (SIGKILL, by itself) after
     that many batches, holding them. `started`: an actor told of every batch.
@@ -46,7 +47,8 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
 
     consumer = bc.ray.consumer(name, loader_factory(samples, loader_batch), batch_size=batch_size,
                                idle_timeout=idle_timeout,
-                               producer_options={"min_consumers": min_consumers})
+                               producer_options={"min_consumers": min_consumers,
+                                                 "epochs": producer_epochs})
     got, held = [], []
     for _ in range(epochs):
         ids = []

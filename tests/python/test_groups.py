@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-import torch
 from conftest import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -133,7 +132,7 @@ def test_a_consumer_stopped_and_restored_continues_exactly_while_the_producer_ho
     state = procs.tmp / "state.json"
     procs.start("produce", name, "--samples", n, "--loader-batch", 10, "--epochs", 2,
                 "--min-consumers", 2, "--shuffle")
-    keeper = procs.start("consume", name, "--batch-size", 10, "--epochs", 2, "--hold-at", 3,
+    procs.start("consume", name, "--batch-size", 10, "--epochs", 2, "--hold-at", 3,
                          "--until", str(procs.tmp / "go"), out="keeper.json")
     first = procs.start("consume", name, "--batch-size", 7, "--epochs", 2, "--save-after", 35,
                         "--save-state", str(state), out="first.json")
@@ -166,8 +165,8 @@ def test_a_restore_the_producer_no_longer_holds_gets_the_next_pass_and_warns(pro
     first.wait(60)
     procs.procs.remove(first)
     # Nobody holds epoch 0 any more: the producer serves it to its end at once.
-    again = procs.start("consume", name, "--batch-size", 8, "--epochs", 2, "--state", str(state),
-                        "--record-warnings", out="again.json")
+    procs.start("consume", name, "--batch-size", 8, "--epochs", 2, "--state", str(state),
+                "--record-warnings", out="again.json")
     procs.wait_all(timeout=120)
     res = procs.result("again.json")
     assert res["error"] is None, res["error"]

@@ -13,7 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="batchcast.ray needs Ray: pip install 'batchcast[ray]'")
 
-from conftest import eventually  # noqa: E402
+from conftest import eventually  # noqa: E402  (after the importorskip)
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.ray
@@ -183,7 +183,6 @@ def test_a_node_added_mid_sweep_gets_its_producer_and_removing_it_takes_only_its
 
 
 def test_an_idle_producer_ends_itself_and_the_next_trial_starts_a_new_one(cluster):
-    import batchcast.ray as bcr
     from ray_workers import loader_order, trial
 
     b = cluster.workers[1].node_id
@@ -198,6 +197,27 @@ def test_an_idle_producer_ends_itself_and_the_next_trial_starts_a_new_one(cluste
     assert second["epochs"] == loader_order(SAMPLES, LOADER_BATCH)[:1]
     eventually(lambda: batchcast_actors() == [], "the idle producer to end itself", 60)
     assert node_dirs(cluster) == []
+
+
+def test_a_producer_that_served_its_epochs_keeps_its_report_and_the_next_trial_gets_a_new_one(
+        cluster):
+    import batchcast.ray as bcr
+    from ray_workers import loader_order, trial
+
+    b = cluster.workers[1].node_id
+    first = ray.get(trial.options(scheduling_strategy=on(b)).remote(
+        "done", SAMPLES, LOADER_BATCH, 16, 1, producer_epochs=1), timeout=240)
+    assert first["epochs"] == loader_order(SAMPLES, LOADER_BATCH)[:1]
+    (info,) = eventually(lambda: [i for i in bcr.producers("done")
+                                  if i["stats"].get("epochs_done") == 1], "its report", 30)
+    # Asked again, it ends and a new one serves the loader from its first epoch.
+    second = ray.get(trial.options(scheduling_strategy=on(b)).remote(
+        "done", SAMPLES, LOADER_BATCH, 25, 1, producer_epochs=1), timeout=240)
+    assert second["epochs"] == loader_order(SAMPLES, LOADER_BATCH)[:1]
+    (again,) = bcr.producers("done")
+    assert again["pid"] != info["pid"]
+    bcr.shutdown("done")
+    assert_nothing_left(cluster, [info["pid"], again["pid"]])
 
 
 def test_a_producer_whose_loader_factory_raises_fails_the_trial_clearly(cluster):

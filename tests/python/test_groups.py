@@ -158,8 +158,10 @@ def test_a_consumer_stopped_and_restored_continues_exactly_while_the_producer_ho
 def test_a_restore_the_producer_no_longer_holds_gets_the_next_pass_and_warns(procs, name):
     n = 100
     state = procs.tmp / "state.json"
+    # Two slots: the producer cannot finish epoch 0 (and begin epoch 1 for the
+    # first consumer) before that consumer is gone.
     procs.start("produce", name, "--samples", n, "--loader-batch", 10, "--epochs", 3,
-                "--shuffle")
+                "--shuffle", "--slots", 2)
     first = procs.start("consume", name, "--batch-size", 8, "--save-after", 24,
                         "--save-state", str(state), out="first.json")
     first.wait(60)
@@ -171,6 +173,7 @@ def test_a_restore_the_producer_no_longer_holds_gets_the_next_pass_and_warns(pro
     res = procs.result("again.json")
     assert res["error"] is None, res["error"]
     assert res["stats"]["resumed"] == "next-pass"
+    assert len(res["warnings"]) == 1, res["warnings"]
     (warning,) = res["warnings"]
     assert warning.startswith("ResumeWarning: consumer of") and "no longer holds" in warning
     assert "positions from 24 of epoch 1" in warning

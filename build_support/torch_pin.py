@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 _HOW = (
-    "batchcast compiles against the torch it will run with and pins that release. "
-    "Install torch first, then build without build isolation: "
-    "pip install --no-build-isolation ."
+    "batchcast compiles against the torch it will run with and pins that release "
+    "(no wheel of batchcast fits this machine, so pip is building it from source). "
+    "Install torch and the build backend first, then build without build isolation: "
+    "pip install torch scikit-build-core && pip install --no-build-isolation batchcast "
+    "(in a source tree: pip install --no-build-isolation .)"
 )
 
 

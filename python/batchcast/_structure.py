@@ -12,11 +12,16 @@ from __future__ import annotations
 import collections
 import importlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._C import ListKind
+from ._core import _C
+
+if TYPE_CHECKING:
+    from ._C import _Leaf as Leaf  # a tensor, or (ListKind, [str, ...])
+
+ListKind = _C.ListKind
 
 TEXT, JSON = ListKind.TEXT, ListKind.JSON
 _PLAIN = (str, int, float, bool, type(None))
@@ -46,7 +51,7 @@ def _batch_size(obj: Any) -> int | None:
     return first_list
 
 
-def flatten(batch: Any) -> tuple[list, str, int]:
+def flatten(batch: Any) -> tuple[list[Leaf], str, int]:
     """Returns (leaves, layout, samples) for one loader batch."""
     samples = _batch_size(batch)
     if samples is None:
@@ -54,12 +59,12 @@ def flatten(batch: Any) -> tuple[list, str, int]:
             f"batchcast cannot tell the batch size of a {type(batch).__name__}: a batch needs at "
             "least one tensor with a batch dimension or one per-sample list"
         )
-    leaves: list = []
+    leaves: list[Leaf] = []
     layout = _visit(batch, "batch", samples, leaves)
     return leaves, json.dumps(layout, separators=(",", ":")), samples
 
 
-def _visit(node: Any, path: str, samples: int, leaves: list) -> Any:
+def _visit(node: Any, path: str, samples: int, leaves: list[Leaf]) -> list[Any]:
     # Module level for the same reason as _build: no reference cycles over tensors.
     if isinstance(node, torch.Tensor):
         if node.dim() == 0:
@@ -109,27 +114,31 @@ def _visit(node: Any, path: str, samples: int, leaves: list) -> Any:
 
 
 _layouts: dict[str, Any] = {}
-_namedtuples: dict[tuple, type] = {}
+_namedtuples: dict[tuple[str, str, tuple[str, ...]], type] = {}
 
 
 def _namedtuple_class(module: str, qualname: str, fields: list[str]) -> type:
     key = (module, qualname, tuple(fields))
     cls = _namedtuples.get(key)
     if cls is None:
-        try:  # the producer's own class when this process can import it
-            cls = importlib.import_module(module)
-            for part in qualname.split("."):
-                cls = getattr(cls, part)
-            if not (isinstance(cls, type) and issubclass(cls, tuple)
-                    and tuple(getattr(cls, "_fields", ())) == tuple(fields)):
-                raise TypeError
-        except Exception:
-            cls = collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
-        _namedtuples[key] = cls
+        cls = _namedtuples[key] = _find_namedtuple(module, qualname, fields)
     return cls
 
 
-def unflatten(layout: str, leaves: list) -> Any:
+def _find_namedtuple(module: str, qualname: str, fields: list[str]) -> type:
+    try:  # the producer's own class when this process can import it
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        if (isinstance(found, type) and issubclass(found, tuple)
+                and tuple(getattr(found, "_fields", ())) == tuple(fields)):
+            return found
+    except Exception:
+        pass
+    return collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
+
+
+def unflatten(layout: str, leaves: list[Leaf]) -> Any:
     tree = _layouts.get(layout)
     if tree is None:
         tree = json.loads(layout)
@@ -140,7 +149,7 @@ def unflatten(layout: str, leaves: list) -> Any:
     return _build(tree, leaves)
 
 
-def _build(node: list, leaves: list) -> Any:
+def _build(node: list[Any], leaves: list[Leaf]) -> Any:
     # Module level on purpose: a recursive closure is a reference cycle that would
     # keep each batch's tensors, and so their ring slots, alive until gc runs.
     tag = node[0]

@@ -25,9 +25,12 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import click
+
+if TYPE_CHECKING:
+    from .producer import Producer
 
 _SHOW_TRACEBACK = False
 
@@ -262,10 +265,10 @@ class _Live:
 
     def __init__(self, min_consumers: int) -> None:
         self.min_consumers = min_consumers
-        self.previous: tuple[float, dict] | None = None
+        self.previous: tuple[float, dict[str, Any]] | None = None
         self.last_progress: float | None = None
 
-    def line(self, stats: dict, now: float, counted: _Counted) -> str:
+    def line(self, stats: dict[str, Any], now: float, counted: _Counted) -> str:
         previous, self.previous = self.previous, (now, stats)
         published = stats.get("batches_published", 0)
         if self.last_progress is None or previous is None or \
@@ -344,7 +347,8 @@ class _Screen:
         self._tqdm = None
         if tty:
             try:
-                from tqdm import tqdm  # optional: a plain-text bar otherwise
+                # optional: a plain-text bar otherwise; it has no type hints (types-tqdm)
+                from tqdm import tqdm  # type: ignore[import-untyped]
             except ImportError:
                 tqdm = None
             try:  # tqdm draws nothing on a terminal without a size
@@ -487,7 +491,8 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
     free again, and the exit status is 0 (a second Ctrl-C exits at once).
     A loader that raises gives consumers batchcast.LoaderError and exits 1.
     """
-    from . import Producer, _C
+    from . import Producer
+    from ._core import _C
     from ._device import parse_device
 
     try:
@@ -542,7 +547,7 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
             signal.signal(s, handler)
 
 
-def _serve(producer: Any, counted: _Counted, name: str, epochs: int | None,
+def _serve(producer: Producer, counted: _Counted, name: str, epochs: int | None,
            min_consumers: int, slots: int, label: str, refresh: float | None,
            stop_requested: threading.Event, requested: list[int]) -> int:
     stream = sys.stderr
@@ -558,7 +563,8 @@ def _serve(producer: Any, counted: _Counted, name: str, epochs: int | None,
     logger.propagate = False
     saved_showwarning = warnings.showwarning
 
-    def show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+    def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: TextIO | None = None, line: str | None = None) -> None:
         screen.message(f"{time.strftime('%H:%M:%S')} warning: {category.__name__}: {message}")
 
     warnings.showwarning = show_warning
@@ -635,7 +641,7 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _status_block(listing: dict) -> list[str]:
+def _status_block(listing: dict[str, Any]) -> list[str]:
     name = listing["name"]
     status = listing.get("status")
     if status is None:
@@ -656,7 +662,10 @@ def _status_block(listing: dict) -> list[str]:
         f"({status.get('slots', '?')} slots, {status.get('slots_in_use', 0)} batches in it)",
     ]
     batches, samples = status.get("batches_published", 0), status.get("samples_published", 0)
-    per_s = (lambda v: _rate(v / uptime)) if uptime > 0 else (lambda v: "-")
+
+    def per_s(v: float) -> str:
+        return _rate(v / uptime) if uptime > 0 else "-"
+
     lines.append(f"  published {batches} batches, {samples} samples: {per_s(batches)} batches/s, "
                  f"{per_s(samples)} samples/s (over uptime)")
     loader, wait, copy = (float(status.get(k, 0)) for k in

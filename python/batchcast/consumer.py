@@ -4,11 +4,34 @@ script. Yields the producer's batches rebatched to this consumer's size."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from . import _C
+from ._core import _C
 from ._device import parse_device
 from ._structure import unflatten
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class _Options(TypedDict):
+        """The keyword options of _C.Consumer a Consumer keeps (to reconnect)."""
+
+        name: str
+        batch_size: int | None
+        drop_last: bool
+        timeout: float
+        runtime_dir: str
+        catch_up: bool
+        placement: _C.Placement
+        cuda_device: int
+        release_after: _C.ReleaseAfter
+        group: str
+        rank: int
+        world_size: int
+
+    class _Resume(TypedDict, total=False):
+        resume_epoch: int
+        resume_position: int
 
 
 _STATE_FORMAT = "batchcast.Consumer/1"
@@ -130,7 +153,7 @@ class Consumer:
         if device is not None:
             kind, cuda_device = parse_device(device, "device")
             placement = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
-        self._options = dict(
+        self._options: _Options = dict(
             name=name,
             batch_size=batch_size,
             drop_last=self.drop_last,
@@ -144,12 +167,12 @@ class Consumer:
             rank=self.rank or 0,
             world_size=self.world_size or 0,
         )
-        self._core: Any = None
-        self._stats: dict | None = None
+        self._core: _C.Consumer | None = None
+        self._stats: dict[str, Any] | None = None
         self._connect(state)
 
     def _connect(self, state: dict[str, Any] | None) -> None:
-        resume = {}
+        resume: _Resume = {}
         if state is not None:
             self._check_state(state)
             if state["epoch"] is not None:
@@ -203,7 +226,7 @@ class Consumer:
         core.begin_epoch()
         return self._epoch(core)
 
-    def _epoch(self, core: Any) -> Iterator[Any]:
+    def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
         empty = True
         while True:
             item = core.next()
@@ -233,7 +256,7 @@ class Consumer:
         # that may still be unknown (see __len__).
         return True
 
-    def _live(self) -> Any:
+    def _live(self) -> _C.Consumer:
         if self._core is None:
             raise RuntimeError(f"consumer of '{self.name}' is closed")
         return self._core
@@ -257,7 +280,7 @@ class Consumer:
         except Exception:
             pass
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters: batches and samples received, views vs copies, slots held,
         dropped malformed messages; the device batches arrive on, how they get
         there (``transfer``) and the CUDA IPC handles opened (once, at join)."""

@@ -18,7 +18,7 @@ import queue
 import shutil
 import tempfile
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
@@ -26,6 +26,15 @@ from torch.utils.data import DataLoader
 
 import batchcast as bc
 from batchcast.synthetic import SyntheticImages
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnContext
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+
+    # What a trainer reports: batch size, batches, seconds, saw every sample
+    # exactly once, views, copies, last loss.
+    Row = tuple[int, int, float, bool, int, int, float]
 
 
 class DemoFailed(RuntimeError):
@@ -39,12 +48,14 @@ def produce(name: str, samples: int, epochs: int, consumers: int) -> None:
     producer.run()
 
 
-def train(name: str | None, batch_size: int, epochs: int, samples: int, results) -> None:
+def train(name: str | None, batch_size: int, epochs: int, samples: int,
+          results: Queue[Row]) -> None:
     """One training process; name=None trains from its own DataLoader instead."""
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                           nn.Flatten(), nn.Linear(8, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader: DataLoader[Any] | bc.Consumer
     if name is None:
         loader = DataLoader(SyntheticImages(samples), batch_size=batch_size, num_workers=1)
     else:
@@ -56,12 +67,12 @@ def train(name: str | None, batch_size: int, epochs: int, samples: int, results)
         for images, labels, index in loader:
             loss = nn.functional.cross_entropy(model(images), labels)
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             seen += index.tolist()
         seen_all &= seen == list(range(samples))
     elapsed = time.perf_counter() - started
-    if name is None:
+    if isinstance(loader, DataLoader):  # name is None
         results.put((batch_size, len(loader) * epochs, elapsed, seen_all, 0, 0, loss.item()))
         return
     stats = loader.stats()
@@ -108,23 +119,26 @@ def _run(samples: int, epochs: int, batch_sizes: list[int], compare: bool) -> No
     print("\nThe same trainers, each with its own DataLoader (1 worker each, as above):",
           flush=True)
     alone = _trainers(ctx, [], None, samples, epochs, batch_sizes)
-    total = lambda rs: sum(samples * epochs / r[2] for r in rs)  # noqa: E731
+
+    def total(rs: list[Row]) -> float:
+        return sum(samples * epochs / r[2] for r in rs)
+
     for b, _, elapsed, *_ in sorted(alone):
         print(f"{b:>10} {'':>8} {elapsed:>8.2f} {samples * epochs / elapsed:>10.0f}")
     print(f"\naggregate samples/s: batchcast {total(rows):.0f}, own loaders {total(alone):.0f} "
           f"({total(rows) / total(alone):.1f}x)", flush=True)
 
 
-def _trainers(ctx, helpers: list, name: str | None, samples: int, epochs: int,
-              batch_sizes: list[int]) -> list:
+def _trainers(ctx: SpawnContext, helpers: list[BaseProcess], name: str | None, samples: int,
+              epochs: int, batch_sizes: list[int]) -> list[Row]:
     """Runs one trainer per batch size (plus helpers); returns their result rows."""
-    results = ctx.Queue()
+    results: Queue[Row] = ctx.Queue()
     trainers = [ctx.Process(target=train, args=(name, b, epochs, samples, results))
                 for b in batch_sizes]
     everyone = [*helpers, *trainers]
     for p in everyone:
         p.start()
-    rows = []
+    rows: list[Row] = []
     try:
         while len(rows) < len(trainers):
             try:

@@ -4,9 +4,9 @@ per epoch and publishes every batch once into shared memory."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
-from . import _C
+from ._core import _C
 from ._device import parse_device
 from ._structure import flatten
 
@@ -82,7 +82,7 @@ class Producer:
 
     def __init__(
         self,
-        loader: Iterable,
+        loader: Iterable[Any],
         name: str,
         device: str = "cpu",
         epochs: int | None = None,
@@ -109,7 +109,7 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
-        self._core = _C.Producer(
+        self._core: _C.Producer | None = _C.Producer(
             name=name,
             runtime_dir=runtime_dir or "",
             slots=int(slots),
@@ -125,7 +125,7 @@ class Producer:
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stats: dict | None = None
+        self._stats: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.epochs_begun = 0  # a consumer joining now starts after these
         self.epochs_served = 0
@@ -139,7 +139,8 @@ class Producer:
             self.close()
 
     def _serve(self) -> None:
-        core = self._core
+        # None once closed: then the AttributeError a call on None raises, as ever.
+        core = cast("_C.Producer", self._core)
         try:
             core.wait_for_consumers(self.min_consumers)
             epoch = 0
@@ -151,7 +152,7 @@ class Producer:
             pass
         core.finish()
 
-    def _serve_epoch(self, core: Any, epoch: int) -> Iterator[None]:
+    def _serve_epoch(self, core: _C.Producer, epoch: int) -> Iterator[None]:
         """Serves epoch `epoch`, yielding after each published batch (so that
         batchcast.compat.tensorsocket can hand the loop to its caller)."""
         core.wait_for_consumers(1)
@@ -242,7 +243,7 @@ class Producer:
         """Consumers connected right now."""
         return self._core.consumer_count() if self._core is not None else 0
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters: batches and bytes published, time copying and waiting for
         the slowest consumer, joins, leaves, crashes, dropped messages, and per
         consumer the slots it holds."""

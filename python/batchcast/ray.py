@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from . import _C
+from . import _status
 from .consumer import Consumer
 from .producer import Producer
 
@@ -78,7 +78,7 @@ def node_runtime_dir(node_id: str) -> str:
     share a machine never share a producer's socket or lock."""
     if not node_id or any(c not in "0123456789abcdef" for c in node_id):
         raise ValueError(f"not a Ray node ID: {node_id!r}")
-    return _C.runtime_dir(os.path.join(_C.runtime_dir(), f"ray-{node_id[:16]}"))
+    return _status.runtime_dir(os.path.join(_status.runtime_dir(), f"ray-{node_id[:16]}"))
 
 
 def actor_name(name: str, node_id: str) -> str:
@@ -216,7 +216,7 @@ def _lease(name: str, make_loader: Callable[[], Any], node_id: str, timeout: flo
     while True:
         actor = producer(name, make_loader, node_id=node_id, **options)
         try:
-            lease = ray.get(actor.lease.remote(), timeout=timeout)
+            lease: dict[str, Any] | None = ray.get(actor.lease.remote(), timeout=timeout)
         except ray.exceptions.ActorDiedError as exc:
             if getattr(exc, "actor_init_failed", False):
                 raise RuntimeError(f"the batchcast producer '{name}' on node {node_id} could not "
@@ -263,7 +263,7 @@ def start(name: str, make_loader: Callable[[], Any], node_ids: list[str] | None 
     with CPUs) and waits until each one serves. Returns {node_id: actor}.
     `options` as for ``producer()``."""
     if node_ids is None:
-        node_ids = [n["NodeID"] for n in ray.nodes()
+        node_ids = [n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
                     if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
     actors = {node: producer(name, make_loader, node_id=node, **options) for node in node_ids}
     ray.get([a.info.remote() for a in actors.values()])  # created: serving (or raised)
@@ -322,7 +322,7 @@ def _clean_node_dirs() -> None:
     """Removes what producers that died with their node (or were killed) left
     in the node directories on this machine: a dead producer's socket and
     lock, then the directory once empty. Live producers' files stay."""
-    base = _C.runtime_dir()
+    base = _status.runtime_dir()
     try:
         entries = [e for e in os.listdir(base) if e.startswith("ray-")]
     except OSError:
@@ -330,7 +330,7 @@ def _clean_node_dirs() -> None:
     for entry in entries:
         path = os.path.join(base, entry)
         with contextlib.suppress(Exception):
-            _C.list_producers(runtime_dir=path, name="", timeout=1.0, clean=True)
+            _status.list_producers(runtime_dir=path, name="", timeout=1.0, clean=True)
         with contextlib.suppress(OSError):
             os.rmdir(path)
 

@@ -5,9 +5,9 @@ producer that died are reported (and their files removed)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
-from . import _C
+from . import _status
 
 
 def list_producers(name: str | None = None, *, runtime_dir: str | None = None,
@@ -20,8 +20,10 @@ def list_producers(name: str | None = None, *, runtime_dir: str | None = None,
     >>> for p in list_producers():
     ...     print(p["name"], p["alive"], p["status"] and len(p["status"]["consumers"]))
     """
-    listings = _C.list_producers(runtime_dir=runtime_dir or "", name=name or "",
-                                 timeout=float(timeout), clean=bool(clean))
+    # The core's listings, with "status" parsed in place (no longer str).
+    listings = cast("list[dict[str, Any]]", _status.list_producers(
+        runtime_dir=runtime_dir or "", name=name or "", timeout=float(timeout),
+        clean=bool(clean)))
     for p in listings:
         p["status"] = json.loads(p["status"]) if p["status"] else None
     return listings

@@ -14,16 +14,17 @@ _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 _BLUR = (torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0]) / 16).view(1, 1, 1, 5)
 
 
-class SyntheticImages(Dataset):
+class SyntheticImages(Dataset[tuple[torch.Tensor, int, int]]):
     """Sample i -> (float32 image [3, size, size], label i % classes, index i)."""
 
-    def __init__(self, length: int = 4096, size: int = 64, classes: int = 10, seed: int = 0):
+    def __init__(self, length: int = 4096, size: int = 64, classes: int = 10,
+                 seed: int = 0) -> None:
         self.length, self.size, self.classes, self.seed = length, size, classes, seed
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         if not 0 <= index < self.length:
             raise IndexError(index)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)

@@ -211,6 +211,33 @@ def test_a_second_producer_with_the_same_name_is_refused(runtime_dir):
     bc.Producer(id_batches(4, 2), "taken").close()
 
 
+def test_the_core_names_a_bad_option(runtime_dir):
+    from batchcast._core import _C
+
+    with pytest.raises(TypeError, match=r"option 'slots' cannot be str 'eight'"):
+        _C.Producer(name="opts", slots="eight")
+    with pytest.raises(TypeError, match=r"unknown option 'slotz'"):
+        _C.Producer(name="opts", slotz=8)
+    with pytest.raises(TypeError, match=r"option 'batch_size' cannot be float 2.5"):
+        _C.Consumer(name="opts", batch_size=2.5)
+
+
+def test_errors_keep_their_types_once_batchcast_status_is_loaded(runtime_dir):
+    # Its module (torch-free, for the command line) translates its own errors
+    # only: loaded, it must not turn the core's into plain RuntimeErrors.
+    import batchcast.status
+
+    with pytest.raises(ValueError, match="name"):
+        batchcast.status.list_producers("no/such name")
+    with bc.Producer(id_batches(4, 2), "typed", epochs=1):
+        with pytest.raises(bc.NameInUse, match="already running"):
+            bc.Producer(id_batches(4, 2), "typed")
+        (listing,) = batchcast.status.list_producers("typed")
+        assert listing["alive"] and listing["status"]["name"] == "typed"
+    with pytest.raises(ValueError):  # InvalidArgument, from the core
+        bc.Producer(id_batches(4, 2), "bad name/with slash")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

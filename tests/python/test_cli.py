@@ -269,6 +269,36 @@ def test_status_reports_and_removes_what_a_killed_serve_left(cli, loaders, runti
     assert rc == 0 and out.strip() == "no batchcast producers are running", out
 
 
+def test_help_version_and_status_never_load_torch(cli, loaders, runtime_dir):
+    # What makes them instant: torch (seconds to import) stays out, even while
+    # a producer answers the status query.
+    serve = cli.start("serve", f"{loaders}:ids", "--name", "quick")
+    eventually(serving(runtime_dir, "quick", serve, cli), "serve to take the name")
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from batchcast.cli import main\n"
+        "codes = []\n"
+        "for argv in (['--help'], ['--version'], ['status'], ['status', '--json'], ['status', 'quick']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        codes.append((main(argv), out.getvalue()))\n"
+        "print(json.dumps({'codes': codes, 'torch': sorted(m for m in sys.modules\n"
+        "                  if m == 'torch' or m.startswith('torch.'))}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=cli.tmp)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["torch"] == []
+    (help_rc, help_out), (version_rc, version_out), (status_rc, status_out), \
+        (json_rc, json_out), (named_rc, _) = result["codes"]
+    assert (help_rc, version_rc, status_rc, json_rc, named_rc) == (0, 0, 0, 0, 0)
+    assert "batchcast status" in help_out and version_out.startswith("batchcast ")
+    assert status_out.startswith("quick: pid ")
+    (listing,) = json.loads(json_out)
+    assert listing["name"] == "quick" and listing["alive"] and listing["status"]["pid"] == serve.pid
+    serve.terminate()
+    assert cli.finish(serve) == 0
+
+
 def test_a_loader_that_raises_stops_serve_with_one_line(cli, procs, loaders, runtime_dir):
     serve = cli.start("serve", f"{loaders}:failing", "--epochs", "1", "--", "100", "21")
     procs.start("consume", "failing", "--batch-size", "4", out="c.json")

@@ -26,7 +26,6 @@
 #include "batchcast/cuda/transport.h"
 #include "batchcast/producer/producer.h"
 #include "batchcast/protocol/message.h"
-#include "batchcast/status/status.h"
 
 namespace py = pybind11;
 using namespace batchcast;
@@ -168,7 +167,15 @@ Options options_from(const py::kwargs& kwargs) {
   std::set<std::string> known;
   options.visit([&](const char* name, auto& field) {
     known.insert(name);
-    if (kwargs.contains(name)) field = kwargs[name].template cast<std::decay_t<decltype(field)>>();
+    if (!kwargs.contains(name)) return;
+    py::handle value = kwargs[name];
+    try {
+      field = value.template cast<std::decay_t<decltype(field)>>();
+    } catch (const py::cast_error&) {
+      throw py::type_error("option '" + std::string(name) + "' cannot be " +
+                           std::string(py::str(value.get_type().attr("__name__"))) + " " +
+                           std::string(py::repr(value)));
+    }
   });
   for (const auto& item : kwargs) {
     const std::string key = py::str(item.first);
@@ -317,35 +324,6 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
       "handler(level: int, kind: str, message: str), called on the caller's thread");
-
-  m.def(
-      "runtime_dir", [](const std::string& override_dir) { return runtime_dir(override_dir); },
-      py::arg("override_dir") = "",
-      "The per-user runtime directory (created 0700 if missing): override_dir, else "
-      "$BATCHCAST_RUNTIME_DIR, else $XDG_RUNTIME_DIR/batchcast, else /tmp/batchcast-<uid>");
-  m.def(
-      "list_producers",
-      [](const std::string& runtime_dir, const std::string& name, double timeout, bool clean) {
-        std::vector<ProducerListing> listings;
-        {
-          py::gil_scoped_release release;
-          listings = list_producers(runtime_dir, name, timeout, clean);
-        }
-        py::list out;
-        for (const auto& p : listings) {
-          py::dict d;
-          d["name"] = p.name;
-          d["endpoint"] = p.endpoint;
-          d["alive"] = p.alive;
-          d["status"] = p.status;
-          d["note"] = p.note;
-          out.append(d);
-        }
-        return out;
-      },
-      py::arg("runtime_dir") = "", py::arg("name") = "", py::arg("timeout") = 1.0,
-      py::arg("clean") = true,
-      "Producers of this user here, each asked for its status (JSON text); dead ones' files removed");
 
   py::class_<BoundProducer>(m, "Producer")
       .def(py::init([](const py::kwargs& kwargs) {

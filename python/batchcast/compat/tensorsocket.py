@@ -52,7 +52,7 @@ def name_for_port(port: int | str) -> str:
 class _Mapped:
     """An iterable that applies fn to each batch of loader, keeping its len()."""
 
-    def __init__(self, loader: Iterable, fn: Callable[[Any], Any]) -> None:
+    def __init__(self, loader: Iterable[Any], fn: Callable[[Any], Any]) -> None:
         self.loader, self.fn = loader, fn
 
     def __iter__(self) -> Iterator[Any]:
@@ -69,7 +69,7 @@ class TensorProducer:
 
     def __init__(
         self,
-        data_loader: Iterable,
+        data_loader: Iterable[Any],
         port: int | str = 5555,
         ack_port: int | str = 5556,
         heart_ports: tuple[int, int] = (4444, 4445),
@@ -110,7 +110,7 @@ class TensorProducer:
             core.finish()
         self._producer.close()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self._producer.stats()
 
     def __enter__(self) -> "TensorProducer":
@@ -159,7 +159,7 @@ class TensorConsumer:
     def __len__(self) -> int:
         return len(self._consumer)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self._consumer.stats()
 
     def close(self) -> None:

@@ -40,7 +40,9 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # One per error; click 8.5 declares exit_code a class variable, which
+        # type checkers then refuse to assign through an instance.
+        vars(self)["exit_code"] = exit_code
 
 
 def _error_line(message: str) -> None:

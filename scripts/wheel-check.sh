@@ -161,6 +161,39 @@ print(f"   round trip: 20 samples in batches of 6, batchcast {bc.__version__}, "
       f"torch {torch.__version__}, libzmq inside batchcast")
 EOF
 
+# A producer and a consumer that stay until killed, so that `batchcast status`
+# is timed drawing a producer and its consumers' table.
+cat >"$tmp/busy.py" <<'EOF'
+import sys
+import threading
+
+import torch
+
+import batchcast as bc
+
+
+class Endless:
+    def __iter__(self):
+        while True:
+            yield torch.zeros(8, 3)
+
+
+producer = bc.Producer(Endless(), "wheel-check-busy").start()
+ready = threading.Event()
+
+
+def consume():
+    for _ in bc.Consumer("wheel-check-busy", batch_size=4):
+        ready.set()
+        threading.Event().wait(0.05)
+
+
+threading.Thread(target=consume, daemon=True).start()
+ready.wait(60)
+open(sys.argv[1], "w").close()
+threading.Event().wait()
+EOF
+
 cat >"$tmp/hidden.sh" <<'EOF'
 # Runs in a private mount namespace: what is mounted here is gone when it exits.
 # Arguments: V site work OLD=HERE... -- HIDDEN...
@@ -202,7 +235,23 @@ run() {
 run "$V" -I -W "ignore:Failed to initialize NumPy:UserWarning" "$work/roundtrip.py"
 # The command line answers at once: torch is not imported for these.
 cli=$(dirname "$V")/batchcast
-for args in "--help" "status"; do
+(exec env -u PYTHONPATH -u LD_LIBRARY_PATH -u LD_PRELOAD BATCHCAST_RUNTIME_DIR="$work/rt" \
+  "$V" -I -W "ignore:Failed to initialize NumPy:UserWarning" "$work/busy.py" "$work/busy.ready") &
+busy=$!
+trap 'kill $busy 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  [ -e "$work/busy.ready" ] && break
+  kill -0 $busy 2>/dev/null || { echo "wheel-check: FAIL: the busy producer exited" >&2; exit 1; }
+  sleep 0.1
+done
+[ -e "$work/busy.ready" ] || { echo "wheel-check: FAIL: the busy producer never served" >&2; exit 1; }
+run "$cli" status >"$work/status.txt"
+grep -q "^wheel-check-busy: pid $busy, cpu" "$work/status.txt" &&
+  grep -q "pid  batch  first epoch" "$work/status.txt" || {
+    cat "$work/status.txt" >&2
+    echo "wheel-check: FAIL: batchcast status does not show the busy producer's consumer" >&2
+    exit 1
+  }
   times=()
   for _ in 1 2 3 4 5; do
     t0=$(date +%s%N)
@@ -211,6 +260,7 @@ for args in "--help" "status"; do
   done
   median=$(printf '%s\n' "${times[@]}" | sort -n | sed -n 3p)
   echo "   batchcast $args: median ${median} ms of 5 (${times[*]} ms)"
+  [ "$args" = status ] && echo "   (status: one producer and its consumer, drawn as a table)"
   if [ "$median" -ge 500 ]; then
     echo "wheel-check: FAIL: batchcast $args takes ${median} ms, over 500" >&2
     exit 1

@@ -17,7 +17,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -317,53 +316,67 @@ class _Live:
         return " | ".join(parts)
 
 
-def _bar_text(counted: _Counted, epochs: int | None, width: int) -> str:
-    """The epoch progress bar without tqdm: 'epoch 2/10 [#####-----] 45/100 batches'."""
+def _epoch_label(counted: _Counted, epochs: int | None) -> str:
+    if counted.epoch < 0:
+        return "epoch -"
+    return f"epoch {counted.epoch + 1}" + (f"/{epochs}" if epochs is not None else "")
+
+
+def _progress_text(counted: _Counted, epochs: int | None) -> str:
+    """The epoch's progress as a line says it: 'epoch 2/10: 45/100 batches'."""
     if counted.epoch < 0:
         return "epoch -: nothing loaded yet"
-    label = f"epoch {counted.epoch + 1}" + (f"/{epochs}" if epochs is not None else "")
     total = counted.epoch_length
-    if not total:
-        return f"{label}: {counted.batches} batches"
-    done = min(counted.batches, total)
-    counts = f"{done}/{total} batches"
-    room = width - len(label) - len(counts) - 5
-    if room < 10:
-        return f"{label} {counts}"
-    filled = room * done // total
-    return f"{label} [{'#' * filled}{'-' * (room - filled)}] {counts}"
+    done = f"{min(counted.batches, total)}/{total}" if total else f"{counted.batches}"
+    return f"{_epoch_label(counted, epochs)}: {done} batches"
 
 
 class _Screen:
-    """The status on stderr: on a terminal, a progress bar and a status line
-    redrawn in place (with tqdm when it is installed); otherwise one plain
-    line per refresh. Log records and warnings are written above it. A
-    stderr that fails (a closed terminal) silences it; serving goes on."""
+    """The status on stderr, drawn by rich. On a terminal: an epoch progress
+    bar and a status line redrawn in place (rich.live), log records and
+    warnings printed above them. Anywhere else (a log file, a pipe, a
+    notebook's cell running the command): one plain line per refresh, the same
+    text whatever reads it. A stderr that fails (a closed terminal) silences
+    it; serving goes on."""
 
     def __init__(self, stream: TextIO, tty: bool, epochs: int | None) -> None:
-        self.stream, self.tty, self.epochs = stream, tty, epochs
-        self.drawn = 0
+        from rich.console import Console
+
+        self.epochs = epochs
         self.broken = False
-        self._last: tuple[_Counted, str] | None = None
         self._lock = threading.Lock()
-        self._tqdm = None
-        if tty:
-            try:
-                # optional: a plain-text bar otherwise; it has no type hints (types-tqdm)
-                from tqdm import tqdm  # type: ignore[import-untyped]
-            except ImportError:
-                tqdm = None
-            try:  # tqdm draws nothing on a terminal without a size
-                sized = os.get_terminal_size(stream.fileno()).columns > 0
-            except (AttributeError, ValueError, OSError):
-                sized = False
-            if tqdm is not None and sized:
-                self._bar = tqdm(total=None, file=stream, unit="batch", position=0, leave=False,
-                                 dynamic_ncols=True, desc="epoch -")
-                self._line = tqdm(total=None, file=stream, position=1, leave=False,
-                                  dynamic_ncols=True, bar_format="{desc}", desc="")
-                self._bar_epoch = -1
-                self._tqdm = tqdm
+        # Never a notebook's rich display: a cell that runs the command shows
+        # the lines a log file gets. No markup or highlighting: text is text.
+        self.console = Console(file=stream, force_jupyter=False, markup=False, highlight=False,
+                               emoji=False, soft_wrap=True)
+        self.live = tty and self.console.is_terminal and not self.console.is_dumb_terminal
+        if self.live:
+            from rich.live import Live
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+
+            # Rendered inside the Live below, never started on its own.
+            self._progress = Progress(TextColumn("{task.description}", markup=False),
+                                      BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
+                                      TimeElapsedColumn(), console=self.console,
+                                      auto_refresh=False)
+            self._task = self._progress.add_task("epoch -", total=None)
+            self._epoch = -1
+            self._live = Live(self._view(""), console=self.console, auto_refresh=False,
+                              transient=True, redirect_stdout=True, redirect_stderr=True)
+            # Live hides the cursor until it stops: a serve killed meanwhile
+            # (a second Ctrl-C, SIGKILL) would leave the terminal without one.
+            self._guarded(self._start_live)
+
+    def _start_live(self) -> None:
+        self._live.start()
+        self.console.show_cursor(True)
+
+    def _view(self, status: str) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(self._progress, Text(status, no_wrap=True, overflow="ellipsis"))
 
     def _guarded(self, draw: Callable[[], None]) -> None:
         with self._lock:
@@ -375,68 +388,36 @@ class _Screen:
                 self.broken = True
 
     def message(self, text: str) -> None:
-        def draw() -> None:
-            if self._tqdm is not None:
-                self._tqdm.write(text, file=self.stream)
-                return
-            self._clear()
-            self.stream.write(text + "\n")
-            if self._last is not None:
-                self._draw(*self._last)
-            self.stream.flush()
-
-        self._guarded(draw)
+        self._guarded(lambda: self.message_line(text))
 
     def update(self, counted: _Counted, status: str) -> None:
         def draw() -> None:
-            if not self.tty:
+            if not self.live:
                 stamp = time.strftime("%H:%M:%S")
-                self.stream.write(f"{stamp} {_bar_text(counted, self.epochs, 0)} | {status}\n")
-                self.stream.flush()
-            elif self._tqdm is not None:
-                bar = self._bar
-                if counted.epoch != self._bar_epoch:
-                    self._bar_epoch = counted.epoch
-                    bar.reset(total=counted.epoch_length)
-                    bar.set_description(f"epoch {counted.epoch + 1}"
-                                        + (f"/{self.epochs}" if self.epochs else ""),
-                                        refresh=False)
-                if bar.total != counted.epoch_length:
-                    bar.total = counted.epoch_length
-                if counted.batches > bar.n:
-                    bar.update(counted.batches - bar.n)
-                bar.refresh()
-                self._line.set_description_str(status, refresh=True)
-            else:
-                self._last = (counted, status)
-                self._draw(counted, status)
-                self.stream.flush()
+                self.message_line(f"{stamp} {_progress_text(counted, self.epochs)} | {status}")
+                return
+            progress, task = self._progress, self._task
+            if counted.epoch != self._epoch:
+                self._epoch = counted.epoch
+                progress.reset(task, total=counted.epoch_length,
+                               description=_epoch_label(counted, self.epochs))
+            progress.update(task, total=counted.epoch_length, completed=counted.batches)
+            self._live.update(self._view(status), refresh=True)
 
         self._guarded(draw)
+
+    def message_line(self, text: str) -> None:
+        from rich.text import Text
+
+        self.console.print(Text(text))
 
     def close(self) -> None:
         def draw() -> None:
-            if self._tqdm is not None:
-                self._tqdm = None
-                self._line.close()
-                self._bar.close()
-            elif self.tty:
-                self._last = None
-                self._clear()
-                self.stream.flush()
+            if self.live:
+                self.live = False
+                self._live.stop()
 
         self._guarded(draw)
-
-    def _clear(self) -> None:
-        if self.drawn:
-            self.stream.write("\r" + "\x1b[1A" * (self.drawn - 1) + "\x1b[J")
-            self.drawn = 0
-
-    def _draw(self, counted: _Counted, status: str) -> None:
-        width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
-        self._clear()
-        self.stream.write(_bar_text(counted, self.epochs, width)[:width] + "\n" + status[:width])
-        self.drawn = 2
 
 
 class _ScreenLog(logging.Handler):
@@ -643,13 +624,16 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _status_block(listing: dict[str, Any]) -> list[str]:
+def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
+    """A producer's status: its lines, then its consumers' table (a rich
+    renderable; None without consumers)."""
     name = listing["name"]
     status = listing.get("status")
     if status is None:
         if listing.get("alive"):
-            return [f"{name}: running, but did not answer: {listing.get('note') or 'no reply'}"]
-        return [f"{name}: {listing.get('note') or 'not running'}"]
+            return [f"{name}: running, but did not answer: "
+                    f"{listing.get('note') or 'no reply'}"], None
+        return [f"{name}: {listing.get('note') or 'not running'}"], None
     uptime = float(status.get("uptime_seconds", 0))
     epoch, done = status.get("epoch", -1), status.get("epochs_done", 0)
     if epoch < 0:
@@ -680,24 +664,26 @@ def _status_block(listing: dict[str, Any]) -> list[str]:
               if status.get(k, 0)]
     consumers = status.get("consumers", [])
     lines.append(f"  consumers: {len(consumers)}" + (f" ({', '.join(events)})" if events else ""))
-    if consumers:
-        header = ("pid", "batch", "first epoch", "batches sent", "lag", "slots held/kept",
-                  "stalled")
-        rows = [header]
-        for c in consumers:
-            rows.append((
-                str(c.get("pid")) + (" (leaving)" if c.get("leaving") else ""),
-                str(c.get("batch_size") or "loader's"),
-                str(c.get("first_epoch")),
-                str(c.get("batches_sent")),
-                str(c.get("lag")),
-                f"{c.get('slots_held', 0)}/{c.get('slots_pinned', 0)}",
-                _share(float(c.get("stall_seconds", 0)), uptime),
-            ))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        for r in rows:
-            lines.append("    " + "  ".join(v.rjust(w) for v, w in zip(r, widths)))
-    return lines
+    if not consumers:
+        return lines, None
+    from rich.padding import Padding
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header in ("pid", "batch", "first epoch", "batches sent", "lag", "slots held/kept",
+                   "stalled"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for c in consumers:
+        table.add_row(
+            str(c.get("pid")) + (" (leaving)" if c.get("leaving") else ""),
+            str(c.get("batch_size") or "loader's"),
+            str(c.get("first_epoch")),
+            str(c.get("batches_sent")),
+            str(c.get("lag")),
+            f"{c.get('slots_held', 0)}/{c.get('slots_pinned', 0)}",
+            _share(float(c.get("stall_seconds", 0)), uptime),
+        )
+    return lines, Padding(table, (0, 0, 0, 4), expand=False)
 
 
 @cli.command(short_help="Show running producers and their consumers.")
@@ -733,8 +719,20 @@ def status(name: str | None, as_json: bool, timeout: float) -> int:
     elif not listings:
         click.echo("no batchcast producers are running")
     else:
-        blocks = ["\n".join(_status_block(p)) for p in listings]
-        click.echo("\n\n".join(blocks))
+        from rich.console import Console
+        from rich.text import Text
+
+        # On a terminal its width; elsewhere (a pipe, a log) wide enough that
+        # no table wraps. Plain text unless stdout is a terminal.
+        console = Console(force_jupyter=False, markup=False, highlight=False, emoji=False,
+                          soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+        for k, listing in enumerate(listings):
+            lines, table = _status_block(listing)
+            if k:
+                console.print()
+            console.print(Text("\n".join(lines)))
+            if table is not None:
+                console.print(table, soft_wrap=False)
     if name is not None and not any(p.get("alive") for p in listings):
         return 1
     return 0

@@ -255,6 +255,40 @@ def test_ctrl_c_on_a_terminal_stops_cleanly(cli, procs, loaders, runtime_dir):
     assert list(runtime_dir.iterdir()) == []
 
 
+def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
+    # What a log file or a notebook cell running `batchcast serve` shows:
+    # the same text, no control codes, messages in between.
+    import io
+    import re
+
+    from batchcast.cli import _Counted, _Screen
+
+    class Loader:
+        def __len__(self):
+            return 10
+
+        def __iter__(self):
+            return iter(range(10))
+
+    counted = _Counted(Loader(), threading.Event(), RuntimeError)
+    batches = iter(counted)
+    next(batches), next(batches), next(batches)
+    out = io.StringIO()
+    screen = _Screen(out, tty=False, epochs=2)
+    screen.message("consumer pid 7 [joined] 1.5")
+    screen.update(counted, "3.0 batches/s | 1 consumer, slowest lag 2 (pid 7)")
+    next(batches)
+    screen.update(counted, "[bold]4.0[/] batches/s")
+    screen.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "consumer pid 7 [joined] 1.5", lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 1/2: 3/10 batches \| 3\.0 batches/s \| "
+                        r"1 consumer, slowest lag 2 \(pid 7\)", lines[1]), lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 1/2: 4/10 batches \| \[bold\]4\.0\[/\] "
+                        r"batches/s", lines[2]), lines
+    assert len(lines) == 3 and "\x1b" not in out.getvalue()
+
+
 def test_status_reports_and_removes_what_a_killed_serve_left(cli, loaders, runtime_dir):
     serve = cli.start("serve", f"{loaders}:ids", "--name", "ghost")
     eventually(serving(runtime_dir, "ghost", serve, cli), "serve to take the name")

@@ -1,8 +1,8 @@
 // batchcast._C: converts between Python objects and the C++ core, nothing
-// more. Options and statistics cross by one generic path (their visit()
-// lists); errors keep their type; reports of the core reach the Python
-// handler on the caller's thread; blocking calls release the GIL and check
-// for signals about every 100 ms.
+// more. Options cross as typed keyword arguments, statistics by one generic
+// path (their visit() list); errors keep their type; reports of the core
+// reach the Python handler on the caller's thread; blocking calls release the
+// GIL and check for signals about every 100 ms.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -16,7 +16,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <array>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "batchcast/common/error.h"
@@ -161,27 +163,17 @@ void bind_simulated(py::module_& m) {
 
 // ---- options in, statistics out ---------------------------------------------
 
-template <typename Options>
-Options options_from(const py::kwargs& kwargs) {
-  Options options;
-  std::set<std::string> known;
-  options.visit([&](const char* name, auto& field) {
-    known.insert(name);
-    if (!kwargs.contains(name)) return;
-    py::handle value = kwargs[name];
-    try {
-      field = value.template cast<std::decay_t<decltype(field)>>();
-    } catch (const py::cast_error&) {
-      throw py::type_error("option '" + std::string(name) + "' cannot be " +
-                           std::string(py::str(value.get_type().attr("__name__"))) + " " +
-                           std::string(py::repr(value)));
-    }
-  });
-  for (const auto& item : kwargs) {
-    const std::string key = py::str(item.first);
-    if (known.count(key) == 0) throw py::type_error("unknown option '" + key + "'");
-  }
-  return options;
+// The constructors take every option as a typed keyword argument, defaults
+// from the core's own; this check (at import) keeps them and the options'
+// visit() lists the same, so a new option does not go unbound.
+template <typename Options, size_t N>
+void check_bound(const char* what, const std::array<const char*, N>& bound) {
+  std::vector<std::string> fields;
+  Options().visit([&](const char* name, auto&) { fields.emplace_back(name); });
+  bool same = fields.size() == N;
+  for (size_t i = 0; same && i < N; ++i) same = fields[i] == bound[i];
+  if (!same) throw std::logic_error(std::string("batchcast._C binds ") + what +
+                                    "'s options out of step with its visit() list");
 }
 
 struct ToDict {
@@ -325,16 +317,46 @@ PYBIND11_MODULE(_C, m) {
       "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
       "handler(level: int, kind: str, message: str), called on the caller's thread");
 
+  static const ProducerOptions kProducer;
+  static const ConsumerOptions kConsumer;
+  check_bound<ProducerOptions>("Producer", std::array{
+      "name", "runtime_dir", "slots", "ring_bytes", "samples_per_epoch", "batches_per_epoch",
+      "straggler_timeout", "catch_up_window", "cuda_device", "linger", "loader"});
+  check_bound<ConsumerOptions>("Consumer", std::array{
+      "name", "batch_size", "drop_last", "timeout", "catch_up", "runtime_dir", "placement",
+      "cuda_device", "release_after", "group", "rank", "world_size", "resume_epoch",
+      "resume_position"});
+
   py::class_<BoundProducer>(m, "Producer")
-      .def(py::init([](const py::kwargs& kwargs) {
+      .def(py::init([](std::string name, std::string runtime_dir, int64_t slots, uint64_t ring_bytes,
+                       int64_t samples_per_epoch, int64_t batches_per_epoch,
+                       std::optional<double> straggler_timeout,
+                       std::optional<int64_t> catch_up_window, int cuda_device, double linger,
+                       std::string loader) {
              auto b = std::make_unique<BoundProducer>();
-             ProducerOptions options = with_hooks(options_from<ProducerOptions>(kwargs), b->reports);
-             b->core = std::make_unique<Producer>(std::move(options));
+             ProducerOptions o;
+             o.name = std::move(name);
+             o.runtime_dir = std::move(runtime_dir);
+             o.slots = slots;
+             o.ring_bytes = ring_bytes;
+             o.samples_per_epoch = samples_per_epoch;
+             o.batches_per_epoch = batches_per_epoch;
+             o.straggler_timeout = straggler_timeout;
+             o.catch_up_window = catch_up_window;
+             o.cuda_device = cuda_device;
+             o.linger = linger;
+             o.loader = std::move(loader);
+             b->core = std::make_unique<Producer>(with_hooks(std::move(o), b->reports));
              return b;
            }),
-           "Producer(name=..., runtime_dir=..., slots=..., ring_bytes=..., samples_per_epoch=..., "
-           "batches_per_epoch=..., straggler_timeout=..., catch_up_window=..., cuda_device=..., "
-           "linger=..., loader=...)")
+           py::kw_only(), py::arg("name"), py::arg("runtime_dir") = kProducer.runtime_dir,
+           py::arg("slots") = kProducer.slots, py::arg("ring_bytes") = kProducer.ring_bytes,
+           py::arg("samples_per_epoch") = kProducer.samples_per_epoch,
+           py::arg("batches_per_epoch") = kProducer.batches_per_epoch,
+           py::arg("straggler_timeout") = kProducer.straggler_timeout,
+           py::arg("catch_up_window") = kProducer.catch_up_window,
+           py::arg("cuda_device") = kProducer.cuda_device, py::arg("linger") = kProducer.linger,
+           py::arg("loader") = kProducer.loader)
       .def("wait_for_consumers",
            [](BoundProducer& b, int64_t count, double timeout) {
              return released(b, [&](Producer& p) { return p.wait_for_consumers(count, timeout); });
@@ -374,9 +396,28 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("endpoint", [](BoundProducer& b) { return b.core->endpoint(); });
 
   py::class_<BoundConsumer>(m, "Consumer")
-      .def(py::init([](const py::kwargs& kwargs) {
+      .def(py::init([](std::string name, std::optional<int64_t> batch_size, bool drop_last,
+                       double timeout, bool catch_up, std::string runtime_dir,
+                       Placement placement, int cuda_device,
+                       MappedRing::ReleaseAfter release_after, std::string group, int32_t rank,
+                       int32_t world_size, int64_t resume_epoch, int64_t resume_position) {
              auto b = std::make_unique<BoundConsumer>();
-             ConsumerOptions options = with_hooks(options_from<ConsumerOptions>(kwargs), b->reports);
+             ConsumerOptions o;
+             o.name = std::move(name);
+             o.batch_size = batch_size;
+             o.drop_last = drop_last;
+             o.timeout = timeout;
+             o.catch_up = catch_up;
+             o.runtime_dir = std::move(runtime_dir);
+             o.placement = placement;
+             o.cuda_device = cuda_device;
+             o.release_after = release_after;
+             o.group = std::move(group);
+             o.rank = rank;
+             o.world_size = world_size;
+             o.resume_epoch = resume_epoch;
+             o.resume_position = resume_position;
+             ConsumerOptions options = with_hooks(std::move(o), b->reports);
              {
                py::gil_scoped_release release;
                b->core = std::make_unique<Consumer>(std::move(options));
@@ -384,10 +425,16 @@ PYBIND11_MODULE(_C, m) {
              b->reports->flush();
              return b;
            }),
-           "Consumer(name=..., batch_size=None, drop_last=False, timeout=30.0, catch_up=False, "
-           "runtime_dir='', placement=Placement.AUTO, cuda_device=-1, "
-           "release_after=ReleaseAfter.STREAM, group='', rank=0, world_size=0, resume_epoch=-1, "
-           "resume_position=0)")
+           py::kw_only(), py::arg("name"), py::arg("batch_size") = kConsumer.batch_size,
+           py::arg("drop_last") = kConsumer.drop_last, py::arg("timeout") = kConsumer.timeout,
+           py::arg("catch_up") = kConsumer.catch_up,
+           py::arg("runtime_dir") = kConsumer.runtime_dir,
+           py::arg("placement") = kConsumer.placement,
+           py::arg("cuda_device") = kConsumer.cuda_device,
+           py::arg("release_after") = kConsumer.release_after, py::arg("group") = kConsumer.group,
+           py::arg("rank") = kConsumer.rank, py::arg("world_size") = kConsumer.world_size,
+           py::arg("resume_epoch") = kConsumer.resume_epoch,
+           py::arg("resume_position") = kConsumer.resume_position)
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {

@@ -107,6 +107,45 @@ TEST(Protocol, EveryKindRoundTrips) {
   }
 }
 
+// The numbers are the protocol: what the list makes must never move.
+TEST(Protocol, KindNumbersAndNamesComeFromOneList) {
+  const std::vector<std::pair<Message, uint16_t>> wire = {
+      {Hello{}, 1},          {host_welcome(), 2},  {Refuse{}, 3},     {sample_announcement(), 4},
+      {EpochEnd{}, 5},       {LoaderFailed{}, 6},  {Finished{}, 7},   {Heartbeat{}, 8},
+      {Release{}, 9},        {Bye{}, 10},          {RingReady{Ring{5, 8192, {}, {}, {}}}, 11},
+      {protocol::Evicted{}, 12}, {Unmapped{}, 13}, {StatusRequest{}, 14},
+      {protocol::Status{}, 15}, {Mapped{}, 16},    {GroupReady{}, 17}, {GroupBroken{}, 18}};
+  ASSERT_EQ(wire.size(), std::variant_size_v<Message>);
+  const char* names[] = {"Hello",     "Welcome",  "Refuse",        "Announcement", "EpochEnd",
+                         "LoaderFailed", "Finished", "Heartbeat", "Release",      "Bye",
+                         "RingReady", "Evicted",  "Unmapped",      "StatusRequest", "Status",
+                         "Mapped",    "GroupReady", "GroupBroken"};
+  for (std::size_t i = 0; i < wire.size(); ++i) {
+    const auto& [m, number] = wire[i];
+    std::string bytes = encode(m);
+    uint16_t on_wire = 0;
+    std::memcpy(&on_wire, bytes.data() + 6, sizeof on_wire);
+    EXPECT_EQ(on_wire, number) << kind_name(m);
+    EXPECT_EQ(static_cast<uint16_t>(kind_of(m)), number);
+    EXPECT_STREQ(kind_name(m), names[i]);
+    EXPECT_STREQ(kind_name(static_cast<Kind>(number)), names[i]);
+  }
+  EXPECT_STREQ(kind_name(Kind::None), "unknown");
+  EXPECT_STREQ(kind_name(static_cast<Kind>(19)), "unknown");
+  static_assert(kind_of<GroupBroken>() == Kind::GroupBroken);
+  // Kinds no list has are refused, by number.
+  for (uint16_t unknown : {uint16_t{0}, uint16_t{19}, uint16_t{0xffff}}) {
+    std::string bytes = encode(Heartbeat{});
+    std::memcpy(bytes.data() + 6, &unknown, sizeof unknown);
+    try {
+      decode(bytes.data(), bytes.size());
+      ADD_FAILURE() << "accepted kind " << unknown;
+    } catch (const MalformedMessage& e) {
+      EXPECT_EQ(std::string(e.what()), "unknown message kind " + std::to_string(unknown));
+    }
+  }
+}
+
 TEST(Protocol, EveryTruncationIsRejected) {
   std::vector<Message> all = {Hello{1234, 0}, group_hello(), host_welcome(), RingReady{gpu_ring(3)},
                               sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3},

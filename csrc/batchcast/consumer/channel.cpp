@@ -271,67 +271,100 @@ void Channel::pump() {
 // Under mu_ (and socket_mu_). Connection-level messages are handled here;
 // the rest is queued for take().
 void Channel::accept(protocol::Message m) {
-  if (auto* w = std::get_if<protocol::Welcome>(&m)) {
-    if (welcome_) throw MalformedMessage("second welcome");
-    welcome_ = *w;
-    if (phase_ != Phase::Joining) return;  // left before the answer came
-    phase_ = Phase::Member;
-    if (w->ring.exists()) open_ring(w->ring);
-  } else if (auto* e = std::get_if<protocol::Evicted>(&m)) {
-    if (!welcome_) throw MalformedMessage("eviction before welcome");
-    fail(std::make_exception_ptr(Evicted(e->reason)));
-  } else if (auto* r = std::get_if<protocol::Refuse>(&m)) {
-    fail(std::make_exception_ptr(
-        Refused(r->reason.empty() ? "the producer refused this consumer" : r->reason)));
-  } else if (auto* ready = std::get_if<protocol::RingReady>(&m)) {
-    if (welcome_ && ring_ && welcome_->ring.exists() && welcome_->ring.bytes == ready->ring.bytes &&
-        welcome_->ring.fd == ready->ring.fd && welcome_->ring.memory_handle == ready->ring.memory_handle) {
-      return;  // joined between the ring's creation and its announcement: already open
-    }
-    if (!welcome_ || ring_ || ready->ring.gpu_uuid != welcome_->ring.gpu_uuid) {
-      throw MalformedMessage("unexpected ring");
-    }
-    welcome_->ring = ready->ring;
-    if (phase_ == Phase::Member) open_ring(ready->ring);
-  } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
-    if (!ring_) {
-      if (phase_ != Phase::Member && welcome_) release_later(a->seq);  // left before the ring came
-      throw MalformedMessage("announcement before the ring");
-    }
-    for (const auto& leaf : a->leaves) {
-      if (const auto* t = std::get_if<protocol::TensorLeaf>(&leaf)) {
-        if (t->offset > ring_->size() || t->nbytes() > ring_->size() - t->offset) {
-          throw MalformedMessage("tensor outside the ring");
-        }
-      }
-    }
-    if (ring_->events() > 0 ? (a->event < 0 || a->event >= ring_->events()) : a->event != -1) {
-      throw MalformedMessage("bad slot event");
-    }
-    received_ += 1;
-    if (phase_ != Phase::Member) {
-      release_later(a->seq);  // announced while we left: not ours to keep
-      return;
-    }
-    inbox_.push_back(std::move(m));
-  } else if (std::holds_alternative<protocol::Heartbeat>(m)) {
-  } else if (std::holds_alternative<protocol::GroupReady>(m) ||
-             std::holds_alternative<protocol::GroupBroken>(m)) {
-    if (!welcome_ || options_.world_size == 0) throw MalformedMessage("group message to a consumer of no group");
-    if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-  } else if (std::holds_alternative<protocol::EpochEnd>(m) ||
-             std::holds_alternative<protocol::LoaderFailed>(m) ||
-             std::holds_alternative<protocol::Finished>(m)) {
-    if (!welcome_) throw MalformedMessage("message before welcome");
-    const bool finished = std::holds_alternative<protocol::Finished>(m);
-    if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-    if (finished) {
-      finished_ = true;
-      if (phase_ == Phase::Member) phase_ = Phase::Leaving;  // nothing more will come
-    }
-  } else {
-    throw MalformedMessage(std::string("unexpected ") + protocol::kind_name(m));
+  namespace pr = protocol;
+  auto unexpected = [](const auto& message) {
+    using T = std::decay_t<decltype(message)>;
+    throw MalformedMessage(std::string("unexpected ") + pr::kind_name(pr::kind_of<T>()));
+  };
+  auto needs_welcome = [&](const char* what) {
+    if (!welcome_) throw MalformedMessage(std::string(what) + " before welcome");
+  };
+  std::visit(
+      pr::Exhaustive{
+          [&](pr::Welcome& w) {
+            if (welcome_) throw MalformedMessage("second welcome");
+            welcome_ = w;
+            if (phase_ != Phase::Joining) return;  // left before the answer came
+            phase_ = Phase::Member;
+            if (w.ring.exists()) open_ring(w.ring);
+          },
+          [&](pr::Evicted& e) {
+            needs_welcome("eviction");
+            fail(std::make_exception_ptr(Evicted(e.reason)));
+          },
+          [&](pr::Refuse& r) {
+            fail(std::make_exception_ptr(
+                Refused(r.reason.empty() ? "the producer refused this consumer" : r.reason)));
+          },
+          [&](pr::RingReady& ready) {
+            if (welcome_ && ring_ && welcome_->ring.exists() &&
+                welcome_->ring.bytes == ready.ring.bytes && welcome_->ring.fd == ready.ring.fd &&
+                welcome_->ring.memory_handle == ready.ring.memory_handle) {
+              return;  // joined between the ring's creation and its announcement: already open
+            }
+            if (!welcome_ || ring_ || ready.ring.gpu_uuid != welcome_->ring.gpu_uuid) {
+              throw MalformedMessage("unexpected ring");
+            }
+            welcome_->ring = ready.ring;
+            if (phase_ == Phase::Member) open_ring(ready.ring);
+          },
+          [&](pr::Announcement& a) {
+            if (!ring_) {
+              if (phase_ != Phase::Member && welcome_) release_later(a.seq);  // left before the ring came
+              throw MalformedMessage("announcement before the ring");
+            }
+            for (const auto& leaf : a.leaves) {
+              if (const auto* t = std::get_if<pr::TensorLeaf>(&leaf)) {
+                if (t->offset > ring_->size() || t->nbytes() > ring_->size() - t->offset) {
+                  throw MalformedMessage("tensor outside the ring");
+                }
+              }
+            }
+            if (ring_->events() > 0 ? (a.event < 0 || a.event >= ring_->events()) : a.event != -1) {
+              throw MalformedMessage("bad slot event");
+            }
+            received_ += 1;
+            if (phase_ != Phase::Member) {
+              release_later(a.seq);  // announced while we left: not ours to keep
+              return;
+            }
+            inbox_.push_back(std::move(m));
+          },
+          [&](pr::Heartbeat&) {},
+          [&](pr::GroupReady&) { queue_group_message(std::move(m)); },
+          [&](pr::GroupBroken&) { queue_group_message(std::move(m)); },
+          [&](pr::EpochEnd&) {
+            needs_welcome("epoch end");
+            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
+          },
+          [&](pr::LoaderFailed&) {
+            needs_welcome("loader failure");
+            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
+          },
+          [&](pr::Finished&) {
+            needs_welcome("finish");
+            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
+            finished_ = true;
+            if (phase_ == Phase::Member) phase_ = Phase::Leaving;  // nothing more will come
+          },
+          // What consumers send, and the status exchange: never to a consumer.
+          [&](pr::Hello& x) { unexpected(x); },
+          [&](pr::Release& x) { unexpected(x); },
+          [&](pr::Bye& x) { unexpected(x); },
+          [&](pr::Unmapped& x) { unexpected(x); },
+          [&](pr::Mapped& x) { unexpected(x); },
+          [&](pr::StatusRequest& x) { unexpected(x); },
+          [&](pr::Status& x) { unexpected(x); },
+      },
+      m);
+}
+
+// Under mu_.
+void Channel::queue_group_message(protocol::Message m) {
+  if (!welcome_ || options_.world_size == 0) {
+    throw MalformedMessage("group message to a consumer of no group");
   }
+  if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
 }
 
 // Under mu_.

@@ -112,7 +112,11 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   explicit Channel(ChannelOptions options);
   void watch();                              // the watchdog thread
   void pump();                               // takes in what the socket has; sends queued releases
-  void accept(protocol::Message message);    // under mu_
+  // Under mu_: connection-level messages are handled here, the rest queued
+  // for take(); one handler per kind (a new kind does not compile until it
+  // has one here).
+  void accept(protocol::Message message);
+  void queue_group_message(protocol::Message message);  // under mu_
   void open_ring(const protocol::Ring& ring);  // under mu_
   void start_leaving();                      // under mu_
   void release_later(uint64_t seq);          // under mu_: queued for the next send

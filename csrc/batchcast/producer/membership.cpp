@@ -126,59 +126,77 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
     counters_.dropped_messages += 1;
     return out;
   }
-  if (std::holds_alternative<protocol::StatusRequest>(msg)) {  // from anyone
-    out.status_requests.push_back(peer);
-    return out;
-  }
+  namespace pr = protocol;
   auto member = members_.find(peer);
-  if (const auto* hello = std::get_if<protocol::Hello>(&msg)) {
-    if (member != members_.end() || hello->pid <= 0) {
-      counters_.dropped_messages += 1;
-    } else {
-      join(peer, *hello, out);
-    }
-    return out;
-  }
-  if (member == members_.end()) {
-    // Late words of a consumer already forgotten are expected; anything else is not.
-    if (!std::holds_alternative<protocol::Release>(msg) && !std::holds_alternative<protocol::Bye>(msg) &&
-        !std::holds_alternative<protocol::Unmapped>(msg) && !std::holds_alternative<protocol::Mapped>(msg)) {
-      counters_.dropped_messages += 1;
-    }
-    return out;
-  }
-  Member& m = member->second;
-  if (const auto* release = std::get_if<protocol::Release>(&msg)) {
-    for (uint64_t seq : release->seqs) {
-      if (holds_.count(seq) != 0) m.released_upto = std::max(m.released_upto, seq);
-      this->release(peer, seq, out);
-    }
-    forget_if_done(peer, out);
-  } else if (std::holds_alternative<protocol::Bye>(msg)) {
-    if (!m.leaving) {
-      m.leaving = true;
-      counters_.leaves += 1;
-      out.members_changed = true;
-      report(out, Report::Level::Info, who(m) + " left");
-      break_group(peer, "left", out);
-    }
-    forget_if_done(peer, out);
-  } else if (std::holds_alternative<protocol::Mapped>(msg)) {
-    if (m.unread_ring) {
-      m.unread_ring = false;
-      out.members_changed = true;  // a closing producer may be waiting for this
-    }
-  } else if (std::holds_alternative<protocol::Unmapped>(msg)) {
-    // It references nothing: what it still holds are announcements it never took.
-    if (!m.leaving) {
-      counters_.leaves += 1;
-      report(out, Report::Level::Info, who(m) + " left");
-      break_group(peer, "left", out);
-    }
-    remove(peer, Departure::Unmapped, out);
-  } else {
-    counters_.dropped_messages += 1;
-  }
+  const bool known = member != members_.end();
+  auto dropped = [&](const auto&) { counters_.dropped_messages += 1; };
+  std::visit(
+      pr::Exhaustive{
+          [&](pr::StatusRequest&) { out.status_requests.push_back(peer); },  // from anyone
+          [&](pr::Hello& hello) {
+            if (known || hello.pid <= 0) {
+              counters_.dropped_messages += 1;
+            } else {
+              join(peer, hello, out);
+            }
+          },
+          // From members only; the late words of a consumer already
+          // forgotten are expected, and ignored.
+          [&](pr::Release& release) {
+            if (!known) return;
+            Member& m = member->second;
+            for (uint64_t seq : release.seqs) {
+              if (holds_.count(seq) != 0) m.released_upto = std::max(m.released_upto, seq);
+              this->release(peer, seq, out);
+            }
+            forget_if_done(peer, out);
+          },
+          [&](pr::Bye&) {
+            if (!known) return;
+            Member& m = member->second;
+            if (!m.leaving) {
+              m.leaving = true;
+              counters_.leaves += 1;
+              out.members_changed = true;
+              report(out, Report::Level::Info, who(m) + " left");
+              break_group(peer, "left", out);
+            }
+            forget_if_done(peer, out);
+          },
+          [&](pr::Mapped&) {
+            if (!known) return;
+            Member& m = member->second;
+            if (m.unread_ring) {
+              m.unread_ring = false;
+              out.members_changed = true;  // a closing producer may be waiting for this
+            }
+          },
+          [&](pr::Unmapped&) {
+            if (!known) return;
+            // It references nothing: what it still holds are announcements it never took.
+            Member& m = member->second;
+            if (!m.leaving) {
+              counters_.leaves += 1;
+              report(out, Report::Level::Info, who(m) + " left");
+              break_group(peer, "left", out);
+            }
+            remove(peer, Departure::Unmapped, out);
+          },
+          // What producers send: never to a producer.
+          [&](pr::Heartbeat& x) { dropped(x); },
+          [&](pr::Welcome& x) { dropped(x); },
+          [&](pr::Refuse& x) { dropped(x); },
+          [&](pr::Announcement& x) { dropped(x); },
+          [&](pr::EpochEnd& x) { dropped(x); },
+          [&](pr::LoaderFailed& x) { dropped(x); },
+          [&](pr::Finished& x) { dropped(x); },
+          [&](pr::RingReady& x) { dropped(x); },
+          [&](pr::Evicted& x) { dropped(x); },
+          [&](pr::Status& x) { dropped(x); },
+          [&](pr::GroupReady& x) { dropped(x); },
+          [&](pr::GroupBroken& x) { dropped(x); },
+      },
+      msg);
   return out;
 }
 

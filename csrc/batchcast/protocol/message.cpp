@@ -1,8 +1,11 @@
 #include "batchcast/protocol/message.h"
 
+#include <array>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 namespace batchcast::protocol {
 namespace {
@@ -190,78 +193,217 @@ VersionMismatch::VersionMismatch(uint16_t version)
                        std::to_string(kVersion)),
       version_(version) {}
 
+namespace {
+
+// ---- one encoder and one decoder per kind -------------------------------------
+// Overloads, not a generic fallback: a kind added to the list without its
+// pair does not compile.
+
+void write(Writer& w, const Hello& m) {
+  w.put<int64_t>(m.pid);
+  w.put<uint32_t>(m.flags);
+  w.put<int64_t>(m.batch_size);
+  w.text(m.group);
+  w.put<int32_t>(m.rank);
+  w.put<int32_t>(m.world_size);
+  w.put<int64_t>(m.resume_epoch);
+  w.put<int64_t>(m.resume_position);
+}
+void read(Reader& r, Hello& m) {
+  m.pid = r.get<int64_t>();
+  m.flags = r.get<uint32_t>();
+  m.batch_size = r.get<int64_t>();
+  m.group = r.text(kMaxGroupName);
+  m.rank = r.get<int32_t>();
+  m.world_size = r.get<int32_t>();
+  m.resume_epoch = r.get<int64_t>();
+  m.resume_position = r.get<int64_t>();
+  if (m.batch_size < 0) throw MalformedMessage("negative batch size");
+  if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
+      (m.world_size > 0 ? (m.rank >= m.world_size || m.group.empty())
+                        : (m.rank != 0 || !m.group.empty()))) {
+    throw MalformedMessage("bad group");
+  }
+  if (m.resume_epoch < -1 || m.resume_position < 0) throw MalformedMessage("bad resume");
+}
+
+void write(Writer& w, const Welcome& m) {
+  w.put<int64_t>(m.producer_pid);
+  encode_ring(w, m.ring);
+  w.put<uint64_t>(m.consumer_id);
+  w.put<int64_t>(m.first_epoch);
+  w.put<int64_t>(m.samples_per_epoch);
+  w.put<int64_t>(m.batches_per_epoch);
+  w.put<int64_t>(m.slots);
+  w.put<int32_t>(m.pin_budget);
+  w.put<uint8_t>(static_cast<uint8_t>(m.resume));
+  w.put<int64_t>(m.resume_position);
+  w.text(m.loader);
+}
+void read(Reader& r, Welcome& m) {
+  m.producer_pid = r.get<int64_t>();
+  m.ring = decode_ring(r);
+  m.consumer_id = r.get<uint64_t>();
+  m.first_epoch = r.get<int64_t>();
+  m.samples_per_epoch = r.get<int64_t>();
+  m.batches_per_epoch = r.get<int64_t>();
+  m.slots = r.get<int64_t>();
+  m.pin_budget = r.get<int32_t>();
+  m.resume = resume_from(r.get<uint8_t>());
+  m.resume_position = r.get<int64_t>();
+  m.loader = r.text(kMaxText);
+  if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
+      m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0) {
+    throw MalformedMessage("bad welcome");
+  }
+}
+
+void write(Writer& w, const Refuse& m) { w.text(m.reason); }
+void read(Reader& r, Refuse& m) { m.reason = r.text(kMaxText); }
+
+void write(Writer& w, const Announcement& m) {
+  w.put<int64_t>(m.epoch);
+  w.put<int64_t>(m.index);
+  w.put<uint64_t>(m.seq);
+  w.put<int32_t>(m.event);
+  w.put<int32_t>(m.pin_budget);
+  w.put<int64_t>(m.samples);
+  w.put<int64_t>(m.position);
+  w.text(m.layout);
+  w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
+  for (const auto& leaf : m.leaves) encode_leaf(w, leaf);
+}
+void read(Reader& r, Announcement& m) {
+  m.epoch = r.get<int64_t>();
+  m.index = r.get<int64_t>();
+  m.seq = r.get<uint64_t>();
+  m.event = r.get<int32_t>();
+  m.pin_budget = r.get<int32_t>();
+  m.samples = r.get<int64_t>();
+  m.position = r.get<int64_t>();
+  if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.position < 0 || m.event < -1 ||
+      m.pin_budget < 0 || m.event >= static_cast<int32_t>(kMaxEvents)) {
+    throw MalformedMessage("bad announcement field");
+  }
+  m.layout = r.text(kMaxText);
+  std::size_t n = r.count(kMaxLeaves, 2);
+  m.leaves.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) m.leaves.push_back(decode_leaf(r, m.samples));
+}
+
+void write(Writer& w, const EpochEnd& m) {
+  w.put<int64_t>(m.epoch);
+  w.put<int64_t>(m.samples);
+  w.put<int64_t>(m.batches);
+}
+void read(Reader& r, EpochEnd& m) {
+  m.epoch = r.get<int64_t>();
+  m.samples = r.get<int64_t>();
+  m.batches = r.get<int64_t>();
+  if (m.epoch < 0 || m.samples < 0 || m.batches < 0) throw MalformedMessage("negative field");
+}
+
+void write(Writer& w, const LoaderFailed& m) {
+  w.put<int64_t>(m.epoch);
+  w.text(m.message);
+}
+void read(Reader& r, LoaderFailed& m) {
+  m.epoch = r.get<int64_t>();
+  m.message = r.text(kMaxText);
+}
+
+void write(Writer& w, const Finished& m) { w.put<int64_t>(m.epochs); }
+void read(Reader& r, Finished& m) { m.epochs = r.get<int64_t>(); }
+
+void write(Writer&, const Heartbeat&) {}
+void read(Reader&, Heartbeat&) {}
+
+void write(Writer& w, const Release& m) {
+  w.put<uint32_t>(static_cast<uint32_t>(m.seqs.size()));
+  for (uint64_t s : m.seqs) w.put<uint64_t>(s);
+}
+void read(Reader& r, Release& m) {
+  std::size_t n = r.count(kMaxReleases, sizeof(uint64_t));
+  m.seqs.resize(n);
+  for (auto& s : m.seqs) s = r.get<uint64_t>();
+}
+
+void write(Writer&, const Bye&) {}
+void read(Reader&, Bye&) {}
+
+void write(Writer& w, const RingReady& m) { encode_ring(w, m.ring); }
+void read(Reader& r, RingReady& m) {
+  m.ring = decode_ring(r);
+  if (!m.ring.exists()) throw MalformedMessage("ring without memory");
+}
+
+void write(Writer& w, const Evicted& m) { w.text(m.reason); }
+void read(Reader& r, Evicted& m) { m.reason = r.text(kMaxText); }
+
+void write(Writer&, const Unmapped&) {}
+void read(Reader&, Unmapped&) {}
+
+void write(Writer&, const StatusRequest&) {}
+void read(Reader&, StatusRequest&) {}
+
+void write(Writer& w, const Status& m) { w.text(m.json); }
+void read(Reader& r, Status& m) { m.json = r.text(kMaxText); }
+
+void write(Writer&, const Mapped&) {}
+void read(Reader&, Mapped&) {}
+
+void write(Writer& w, const GroupReady& m) {
+  w.put<int64_t>(m.first_epoch);
+  w.put<uint8_t>(static_cast<uint8_t>(m.resume));
+  w.put<int64_t>(m.resume_position);
+}
+void read(Reader& r, GroupReady& m) {
+  m.first_epoch = r.get<int64_t>();
+  m.resume = resume_from(r.get<uint8_t>());
+  m.resume_position = r.get<int64_t>();
+  if (m.first_epoch < 0 || m.resume_position < 0) throw MalformedMessage("bad group ready");
+}
+
+void write(Writer& w, const GroupBroken& m) {
+  w.put<int64_t>(m.epoch);
+  w.text(m.reason);
+}
+void read(Reader& r, GroupBroken& m) {
+  m.epoch = r.get<int64_t>();
+  m.reason = r.text(kMaxText);
+  if (m.epoch < 0) throw MalformedMessage("bad group broken");
+}
+
+template <typename T>
+Message decode_as(Reader& r) {
+  T m;
+  read(r, m);
+  return m;
+}
+
+using Decoder = Message (*)(Reader&);
+template <std::size_t... I>
+constexpr std::array<Decoder, sizeof...(I)> make_decoders(std::index_sequence<I...>) {
+  return {&decode_as<std::variant_alternative_t<I, Message>>...};
+}
+// kDecoders[k - 1] decodes the body of kind k.
+constexpr auto kDecoders = make_decoders(std::make_index_sequence<std::variant_size_v<Message>>());
+
+#define BATCHCAST_KIND_NAME(name) #name,
+constexpr const char* kKindNames[] = {BATCHCAST_MESSAGE_KINDS(BATCHCAST_KIND_NAME)};
+#undef BATCHCAST_KIND_NAME
+static_assert(std::size(kKindNames) == std::variant_size_v<Message>);
+
+}  // namespace
+
 std::string encode(const Message& message) { return encode(message, kVersion); }
 
 std::string encode(const Message& message, uint16_t version) {
   Writer w;
   w.put<uint32_t>(kMagic);
   w.put<uint16_t>(version);
-  w.put<uint16_t>(static_cast<uint16_t>(message.index() + 1));
-  std::visit(
-      [&](const auto& m) {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, Hello>) {
-          w.put<int64_t>(m.pid);
-          w.put<uint32_t>(m.flags);
-          w.put<int64_t>(m.batch_size);
-          w.text(m.group);
-          w.put<int32_t>(m.rank);
-          w.put<int32_t>(m.world_size);
-          w.put<int64_t>(m.resume_epoch);
-          w.put<int64_t>(m.resume_position);
-        } else if constexpr (std::is_same_v<T, Welcome>) {
-          w.put<int64_t>(m.producer_pid);
-          encode_ring(w, m.ring);
-          w.put<uint64_t>(m.consumer_id);
-          w.put<int64_t>(m.first_epoch);
-          w.put<int64_t>(m.samples_per_epoch);
-          w.put<int64_t>(m.batches_per_epoch);
-          w.put<int64_t>(m.slots);
-          w.put<int32_t>(m.pin_budget);
-          w.put<uint8_t>(static_cast<uint8_t>(m.resume));
-          w.put<int64_t>(m.resume_position);
-          w.text(m.loader);
-        } else if constexpr (std::is_same_v<T, GroupReady>) {
-          w.put<int64_t>(m.first_epoch);
-          w.put<uint8_t>(static_cast<uint8_t>(m.resume));
-          w.put<int64_t>(m.resume_position);
-        } else if constexpr (std::is_same_v<T, GroupBroken>) {
-          w.put<int64_t>(m.epoch);
-          w.text(m.reason);
-        } else if constexpr (std::is_same_v<T, Refuse>) {
-          w.text(m.reason);
-        } else if constexpr (std::is_same_v<T, Announcement>) {
-          w.put<int64_t>(m.epoch);
-          w.put<int64_t>(m.index);
-          w.put<uint64_t>(m.seq);
-          w.put<int32_t>(m.event);
-          w.put<int32_t>(m.pin_budget);
-          w.put<int64_t>(m.samples);
-          w.put<int64_t>(m.position);
-          w.text(m.layout);
-          w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
-          for (const auto& leaf : m.leaves) encode_leaf(w, leaf);
-        } else if constexpr (std::is_same_v<T, EpochEnd>) {
-          w.put<int64_t>(m.epoch);
-          w.put<int64_t>(m.samples);
-          w.put<int64_t>(m.batches);
-        } else if constexpr (std::is_same_v<T, LoaderFailed>) {
-          w.put<int64_t>(m.epoch);
-          w.text(m.message);
-        } else if constexpr (std::is_same_v<T, Finished>) {
-          w.put<int64_t>(m.epochs);
-        } else if constexpr (std::is_same_v<T, Evicted>) {
-          w.text(m.reason);
-        } else if constexpr (std::is_same_v<T, Status>) {
-          w.text(m.json);
-        } else if constexpr (std::is_same_v<T, RingReady>) {
-          encode_ring(w, m.ring);
-        } else if constexpr (std::is_same_v<T, Release>) {
-          w.put<uint32_t>(static_cast<uint32_t>(m.seqs.size()));
-          for (uint64_t s : m.seqs) w.put<uint64_t>(s);
-        }
-      },
-      message);
+  w.put<uint16_t>(static_cast<uint16_t>(kind_of(message)));
+  std::visit([&](const auto& m) { write(w, m); }, message);
   return w.take();
 }
 
@@ -269,162 +411,23 @@ Message decode(const void* data, std::size_t size) {
   Reader r(static_cast<const char*>(data), size);
   if (r.get<uint32_t>() != kMagic) throw MalformedMessage("bad magic");
   auto version = r.get<uint16_t>();
-  auto kind = static_cast<Kind>(r.get<uint16_t>());
-  if (kind == Kind::Refuse) {  // the one message every version can read
-    Refuse m{r.text(kMaxText)};
-    r.finish();
-    return m;
+  auto kind = r.get<uint16_t>();
+  if (kind != static_cast<uint16_t>(Kind::Refuse) && version != kVersion) {
+    throw VersionMismatch(version);  // Refuse: the one message every version can read
   }
-  if (version != kVersion) throw VersionMismatch(version);
-  Message out;
-  switch (kind) {
-    case Kind::Hello: {
-      Hello m;
-      m.pid = r.get<int64_t>();
-      m.flags = r.get<uint32_t>();
-      m.batch_size = r.get<int64_t>();
-      m.group = r.text(kMaxGroupName);
-      m.rank = r.get<int32_t>();
-      m.world_size = r.get<int32_t>();
-      m.resume_epoch = r.get<int64_t>();
-      m.resume_position = r.get<int64_t>();
-      if (m.batch_size < 0) throw MalformedMessage("negative batch size");
-      if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
-          (m.world_size > 0 ? (m.rank >= m.world_size || m.group.empty())
-                            : (m.rank != 0 || !m.group.empty()))) {
-        throw MalformedMessage("bad group");
-      }
-      if (m.resume_epoch < -1 || m.resume_position < 0) throw MalformedMessage("bad resume");
-      out = m;
-      break;
-    }
-    case Kind::Welcome: {
-      Welcome m;
-      m.producer_pid = r.get<int64_t>();
-      m.ring = decode_ring(r);
-      m.consumer_id = r.get<uint64_t>();
-      m.first_epoch = r.get<int64_t>();
-      m.samples_per_epoch = r.get<int64_t>();
-      m.batches_per_epoch = r.get<int64_t>();
-      m.slots = r.get<int64_t>();
-      m.pin_budget = r.get<int32_t>();
-      m.resume = resume_from(r.get<uint8_t>());
-      m.resume_position = r.get<int64_t>();
-      m.loader = r.text(kMaxText);
-      if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
-          m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0) {
-        throw MalformedMessage("bad welcome");
-      }
-      out = m;
-      break;
-    }
-    case Kind::Announcement: {
-      Announcement m;
-      m.epoch = r.get<int64_t>();
-      m.index = r.get<int64_t>();
-      m.seq = r.get<uint64_t>();
-      m.event = r.get<int32_t>();
-      m.pin_budget = r.get<int32_t>();
-      m.samples = r.get<int64_t>();
-      m.position = r.get<int64_t>();
-      if (m.epoch < 0 || m.index < 0 || m.samples < 0 || m.position < 0 || m.event < -1 || m.pin_budget < 0 ||
-          m.event >= static_cast<int32_t>(kMaxEvents)) {
-        throw MalformedMessage("bad announcement field");
-      }
-      m.layout = r.text(kMaxText);
-      std::size_t n = r.count(kMaxLeaves, 2);
-      m.leaves.reserve(n);
-      for (std::size_t i = 0; i < n; ++i) m.leaves.push_back(decode_leaf(r, m.samples));
-      out = std::move(m);
-      break;
-    }
-    case Kind::EpochEnd: {
-      EpochEnd m;
-      m.epoch = r.get<int64_t>();
-      m.samples = r.get<int64_t>();
-      m.batches = r.get<int64_t>();
-      if (m.epoch < 0 || m.samples < 0 || m.batches < 0) throw MalformedMessage("negative field");
-      out = m;
-      break;
-    }
-    case Kind::LoaderFailed: {
-      LoaderFailed m;
-      m.epoch = r.get<int64_t>();
-      m.message = r.text(kMaxText);
-      out = std::move(m);
-      break;
-    }
-    case Kind::Finished:
-      out = Finished{r.get<int64_t>()};
-      break;
-    case Kind::Heartbeat:
-      out = Heartbeat{};
-      break;
-    case Kind::Release: {
-      Release m;
-      std::size_t n = r.count(kMaxReleases, sizeof(uint64_t));
-      m.seqs.resize(n);
-      for (auto& s : m.seqs) s = r.get<uint64_t>();
-      out = std::move(m);
-      break;
-    }
-    case Kind::Bye:
-      out = Bye{};
-      break;
-    case Kind::Evicted:
-      out = Evicted{r.text(kMaxText)};
-      break;
-    case Kind::RingReady: {
-      RingReady m;
-      m.ring = decode_ring(r);
-      if (!m.ring.exists()) throw MalformedMessage("ring without memory");
-      out = std::move(m);
-      break;
-    }
-    case Kind::Unmapped:
-      out = Unmapped{};
-      break;
-    case Kind::Mapped:
-      out = Mapped{};
-      break;
-    case Kind::GroupReady: {
-      GroupReady m;
-      m.first_epoch = r.get<int64_t>();
-      m.resume = resume_from(r.get<uint8_t>());
-      m.resume_position = r.get<int64_t>();
-      if (m.first_epoch < 0 || m.resume_position < 0) throw MalformedMessage("bad group ready");
-      out = m;
-      break;
-    }
-    case Kind::GroupBroken: {
-      GroupBroken m;
-      m.epoch = r.get<int64_t>();
-      m.reason = r.text(kMaxText);
-      if (m.epoch < 0) throw MalformedMessage("bad group broken");
-      out = std::move(m);
-      break;
-    }
-    case Kind::StatusRequest:
-      out = StatusRequest{};
-      break;
-    case Kind::Status:
-      out = Status{r.text(kMaxText)};
-      break;
-    default:
-      throw MalformedMessage("unknown message kind " + std::to_string(static_cast<int>(kind)));
+  if (kind == 0 || kind > kDecoders.size()) {
+    throw MalformedMessage("unknown message kind " + std::to_string(kind));
   }
+  Message out = kDecoders[kind - 1](r);
   r.finish();
   return out;
 }
 
-const char* kind_name(const Message& message) {
-  static constexpr const char* kNames[] = {"Hello",    "Welcome",      "Refuse",
-                                           "Announcement", "EpochEnd", "LoaderFailed",
-                                           "Finished", "Heartbeat",    "Release", "Bye",
-                                           "RingReady", "Evicted", "Unmapped", "StatusRequest",
-                                           "Status", "Mapped", "GroupReady", "GroupBroken"};
-  static_assert(sizeof(kNames) / sizeof(kNames[0]) == std::variant_size_v<Message>);
-  return kNames[message.index()];
+const char* kind_name(const Message& message) { return kKindNames[message.index()]; }
+
+const char* kind_name(Kind kind) {
+  auto k = static_cast<std::size_t>(kind);
+  return k >= 1 && k <= std::size(kKindNames) ? kKindNames[k - 1] : "unknown";
 }
 
 }  // namespace batchcast::protocol

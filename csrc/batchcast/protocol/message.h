@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -30,25 +31,21 @@ constexpr std::size_t kHandleBytes = 64;  // a CUDA IPC memory or event handle
 constexpr std::size_t kMaxGroupName = 128;
 constexpr int32_t kMaxWorldSize = 4096;
 
+// Every message kind, in wire order: a kind's number on the wire is its place
+// in this list (from 1), and the Kind enum, the Message variant and
+// kind_name() are all made from it. A kind is added at the end (never
+// reordered: numbers are the protocol); it then does not compile until its
+// encoder, its decoder, the producer and the consumer each handle it.
+#define BATCHCAST_MESSAGE_KINDS(X)                                                     \
+  X(Hello) X(Welcome) X(Refuse) X(Announcement) X(EpochEnd) X(LoaderFailed) X(Finished) \
+  X(Heartbeat) X(Release) X(Bye) X(RingReady) X(Evicted) X(Unmapped) X(StatusRequest)  \
+  X(Status) X(Mapped) X(GroupReady) X(GroupBroken)
+
 enum class Kind : uint16_t {
-  Hello = 1,
-  Welcome = 2,
-  Refuse = 3,
-  Announcement = 4,
-  EpochEnd = 5,
-  LoaderFailed = 6,
-  Finished = 7,
-  Heartbeat = 8,
-  Release = 9,
-  Bye = 10,
-  RingReady = 11,
-  Evicted = 12,
-  Unmapped = 13,
-  StatusRequest = 14,
-  Status = 15,
-  Mapped = 16,
-  GroupReady = 17,
-  GroupBroken = 18,
+  None = 0,  // no message has it
+#define BATCHCAST_KIND_ENUM(name) name,
+  BATCHCAST_MESSAGE_KINDS(BATCHCAST_KIND_ENUM)
+#undef BATCHCAST_KIND_ENUM
 };
 
 enum class DType : uint8_t {
@@ -237,9 +234,44 @@ struct Status {
   std::string json;
 };
 
-using Message = std::variant<Hello, Welcome, Refuse, Announcement, EpochEnd, LoaderFailed,
-                             Finished, Heartbeat, Release, Bye, RingReady, Evicted, Unmapped,
-                             StatusRequest, Status, Mapped, GroupReady, GroupBroken>;
+namespace detail {
+template <typename Ignored, typename... Kinds>
+struct VariantOf {
+  using type = std::variant<Kinds...>;
+};
+}  // namespace detail
+
+#define BATCHCAST_KIND_TYPE(name) , name
+using Message =
+    detail::VariantOf<void BATCHCAST_MESSAGE_KINDS(BATCHCAST_KIND_TYPE)>::type;
+#undef BATCHCAST_KIND_TYPE
+
+// The wire number of a kind, and of a message.
+template <typename T, std::size_t I = 0>
+constexpr Kind kind_of() {
+  static_assert(I < std::variant_size_v<Message>, "not a message kind");
+  if constexpr (std::is_same_v<T, std::variant_alternative_t<I, Message>>) {
+    return static_cast<Kind>(I + 1);
+  } else {
+    return kind_of<T, I + 1>();
+  }
+}
+inline Kind kind_of(const Message& message) { return static_cast<Kind>(message.index() + 1); }
+
+#define BATCHCAST_KIND_CHECK(name) static_assert(kind_of<name>() == Kind::name);
+BATCHCAST_MESSAGE_KINDS(BATCHCAST_KIND_CHECK)
+#undef BATCHCAST_KIND_CHECK
+static_assert(static_cast<uint16_t>(Kind::Refuse) == 3, "every version reads Refuse as kind 3");
+
+// Dispatches a message to one handler per kind, with no fallback: handlers
+// built with Exhaustive{...} stop compiling when a kind is added that they
+// do not name.
+template <typename... Handlers>
+struct Exhaustive : Handlers... {
+  using Handlers::operator()...;
+};
+template <typename... Handlers>
+Exhaustive(Handlers...) -> Exhaustive<Handlers...>;
 
 // A well-formed message of another protocol version.
 class VersionMismatch : public MalformedMessage {
@@ -258,5 +290,6 @@ std::string encode(const Message& message, uint16_t version);  // for tests of r
 Message decode(const void* data, std::size_t size);
 
 const char* kind_name(const Message& message);
+const char* kind_name(Kind kind);  // "unknown" for a number no kind has
 
 }  // namespace batchcast::protocol

@@ -104,13 +104,16 @@ def test_a_rank_whose_group_is_not_complete_waits_and_the_others_are_served(proc
     """Rank 0 of 2 alone: its iter() waits for rank 1 while a whole-stream
     consumer is served; once rank 1 comes, the group starts at the next epoch."""
     procs.start("produce", name, "--samples", 40, "--loader-batch", 8, "--epochs", 8)
-    solo = procs.start("consume", name, "--batch-size", 8, "--epochs", 8, "--sleep", "0.2",
-                       out="solo.json")
+    # The whole-stream consumer holds its third batch until rank 1 has joined:
+    # the producer cannot run out of epochs before the group is complete,
+    # however slowly rank 1 starts.
+    solo = procs.start("consume", name, "--batch-size", 8, "--epochs", 8, "--sleep", "0.05",
+                       "--hold-at", 3, "--until", str(procs.tmp / "r1"), out="solo.json")
     r0 = procs.start("consume", name, "--batch-size", 4, "--epochs", 1, "--group", "late",
                      "--rank", 0, "--world", 2, "--ready", str(procs.tmp / "r0"), out="r0.json")
     eventually((procs.tmp / "r0").exists, "rank 0 to join", 60, watch=(solo, r0))
     r1 = procs.start("consume", name, "--batch-size", 4, "--epochs", 1, "--group", "late",
-                     "--rank", 1, "--world", 2, out="r1.json")
+                     "--rank", 1, "--world", 2, "--ready", str(procs.tmp / "r1"), out="r1.json")
     procs.wait_all(timeout=120)
     assert procs.result("solo.json")["epochs"] == [list(range(40))] * 8
     for r in (0, 1):

@@ -32,6 +32,21 @@ echo "== Python tests"
 export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
 echo "   simulated-device seeds: $BATCHCAST_SIMULATED_SEEDS"
 $PY -m pytest -q -p no:cacheprovider tests/python "$@"
+# Shared memory in 2 MiB pages is off by default on most systems
+# (transparent_hugepage/shmem_enabled "never"), so the suite above skipped its
+# test; where this may switch it (root), that test runs with it on, and the
+# setting is put back.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+if [ -w "$thp" ]; then
+  echo "== Huge pages: the ring in 2 MiB pages (shmem_enabled advise for this test)"
+  was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
+  echo advise >"$thp"
+  trap 'echo "$was" >"$thp"' EXIT
+  BATCHCAST_REQUIRE_HUGE_PAGES=1 $PY -m pytest -q -p no:cacheprovider tests/python/test_api.py \
+    -k huge_pages
+  echo "$was" >"$thp"
+  trap - EXIT
+fi
 echo "== Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
 $PY -m pip install -q "ray[tune]==2.60.0"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py

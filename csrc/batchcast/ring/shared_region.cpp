@@ -10,6 +10,24 @@
 #include "batchcast/common/error.h"
 
 namespace batchcast {
+namespace {
+
+// Asks for transparent huge pages (2 MiB) for the ring's memory. Where the
+// system allows them for shared memory (shmem_enabled "advise" or more in
+// /sys/kernel/mm/transparent_hugepage), a process maps, faults and unmaps a
+// ring in 512x fewer page-table entries: taking a batch and closing a
+// consumer then cost almost nothing whatever the ring's size. Elsewhere the
+// advice is ignored and 4 KiB pages serve as before.
+void advise_huge_pages(void* p, std::size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+}  // namespace
 
 SharedRegion SharedRegion::create(std::size_t bytes, const std::string& label) {
   SharedRegion r;
@@ -20,6 +38,7 @@ SharedRegion SharedRegion::create(std::size_t bytes, const std::string& label) {
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd_.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of shared ring", errno);
+  advise_huge_pages(p, bytes);
   r.mapping_ = Mapping(p, bytes);
   return r;
 }
@@ -57,6 +76,7 @@ SharedRegion SharedRegion::open(long producer_pid, int fd, std::size_t bytes) {
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, r.fd_.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of the producer's ring", errno);
+  advise_huge_pages(p, bytes);
   r.mapping_ = Mapping(p, bytes);
   r.mapping_.guard_writes();
   r.fd_.reset();  // the mapping keeps the memory alive

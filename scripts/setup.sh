@@ -25,7 +25,7 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   echo "== pip install torch==2.13.0"
   $PY -m pip install -q "torch==2.13.0"
 fi
-$PY -m pip install -q "scikit-build-core>=1.0" ninja pytest hypothesis numpy pyzmq "click>=8"
+$PY -m pip install -q "scikit-build-core>=1.0" ninja pytest hypothesis numpy pyzmq "click>=8" "rich>=13"
 
 echo "== building batchcast against torch $($PY -c 'import torch; print(torch.__version__)')"
 # --no-build-isolation: build against the torch installed here, never a downloaded one.

@@ -133,6 +133,7 @@ class Producer:
     # ---- serving ----------------------------------------------------------
     def run(self) -> None:
         """Serves every epoch, then returns. Raises what the loader raised."""
+        self._check_open()
         try:
             self._serve()
         finally:
@@ -182,6 +183,7 @@ class Producer:
 
     def start(self) -> "Producer":
         """Serves from a background thread (for notebooks); returns self."""
+        self._check_open()
         if self._thread is not None:
             raise RuntimeError("producer already started")
 
@@ -195,6 +197,11 @@ class Producer:
                                         daemon=True)
         self._thread.start()
         return self
+
+    def _check_open(self) -> None:
+        if self._core is None:
+            raise RuntimeError(f"producer '{self.name}' is closed (it served, was stopped or "
+                               "closed); make a new Producer to serve again")
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stops serving (consumers mid-epoch get ProducerLost), frees the name."""

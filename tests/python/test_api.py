@@ -741,3 +741,21 @@ def test_the_ring_is_mapped_in_huge_pages_where_the_system_allows_them(runtime_d
                 rss, pmd = _pmd_mapped_kib(address)
                 assert rss >= 4 * 16 * 1024 and pmd == rss, (rss, pmd)
             del batch
+
+
+def test_a_closed_producer_or_consumer_says_so_when_used_again(runtime_dir):
+    producer = bc.Producer(id_batches(6, 3), "again", epochs=1)
+    producer.close()
+    with pytest.raises(RuntimeError, match=r"producer 'again' is closed .* make a new Producer"):
+        producer.start()
+    with pytest.raises(RuntimeError, match=r"producer 'again' is closed"):
+        producer.run()
+    assert producer.stats()["name"] == "again" and producer.consumers == 0
+    with bc.Producer(id_batches(6, 3), "again", epochs=1) as served:  # the name is free
+        consumer = bc.Consumer("again", batch_size=4)
+        assert [ids.tolist() for ids, _ in consumer] == [[0, 1, 2, 3], [4, 5]]
+        consumer.close()
+        with pytest.raises(RuntimeError, match=r"consumer of 'again' is closed"):
+            next(iter(consumer))
+    with pytest.raises(RuntimeError, match=r"producer 'again' is closed"):
+        served.start()  # stopped by the with block

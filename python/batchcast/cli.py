@@ -399,8 +399,8 @@ class _Screen:
             progress, task = self._progress, self._task
             if counted.epoch != self._epoch:
                 self._epoch = counted.epoch
-                progress.reset(task, total=counted.epoch_length,
-                               description=_epoch_label(counted, self.epochs))
+                progress.reset(task, description=_epoch_label(counted, self.epochs))
+            # The length may become known within an epoch (after the first one).
             progress.update(task, total=counted.epoch_length, completed=counted.batches)
             self._live.update(self._view(status), refresh=True)
 

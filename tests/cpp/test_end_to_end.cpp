@@ -112,3 +112,73 @@ TEST(EndToEnd, TwoProducersCannotShareAName) {
   }
   Producer again(ProducerOptions{"same", scratch.path});  // free once the first is gone
 }
+
+// The producer's life is one state: what each call does in each phase.
+TEST(EndToEnd, TheProducersLifeGoesOneWay) {
+  PrivateDir scratch;
+  using Phase = Producer::Phase;
+  {
+    // finish(): the stream has ended; nothing can follow it, stop() changes nothing.
+    Producer p(ProducerOptions{"life", scratch.path, 4});
+    EXPECT_EQ(p.phase(), Phase::Serving);
+    p.begin_epoch(0);
+    p.publish(ids(0, 4));
+    p.end_epoch();
+    p.finish();
+    EXPECT_EQ(p.phase(), Phase::Served);
+    try {
+      p.publish(ids(4, 4));
+      FAIL() << "published after the stream's end";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("publish: producer 'life' has ended its stream"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(p.begin_epoch(1), InvalidArgument);
+    p.finish();  // idempotent
+    p.fail("late");  // the stream has ended: nothing to tell
+    p.stop();
+    EXPECT_EQ(p.phase(), Phase::Served);
+    p.close();
+    EXPECT_EQ(p.phase(), Phase::Closed);
+    p.close();  // idempotent
+  }
+  {
+    // stop() mid-stream: every call says Stopped; finish() still tells consumers the end.
+    Producer p(ProducerOptions{"life", scratch.path, 4});
+    p.begin_epoch(0);
+    p.stop();
+    EXPECT_EQ(p.phase(), Phase::Stopping);
+    EXPECT_THROW(p.publish(ids(0, 4)), Stopped);
+    EXPECT_THROW(p.end_epoch(), Stopped);
+    EXPECT_THROW(p.wait_for_consumers(1, 5), Stopped);
+    p.finish();
+    EXPECT_EQ(p.phase(), Phase::Stopped);
+  }
+  {
+    // fail(): the loader's error ends the stream; a consumer gets it, then the end.
+    Producer p(ProducerOptions{"life", scratch.path, 4});
+    std::thread serve([&] {
+      ASSERT_TRUE(p.wait_for_consumers(1, 30));
+      p.begin_epoch(0);
+      p.publish(ids(0, 4));
+      p.fail("ValueError: bad sample 5");
+    });
+    ConsumerOptions options;
+    options.name = "life";
+    options.runtime_dir = scratch.path;
+    Consumer consumer(options);
+    EXPECT_EQ(consumer.begin_epoch(), 0);
+    ASSERT_TRUE(consumer.next().has_value());
+    try {
+      consumer.next();
+      FAIL() << "the loader's error did not reach the consumer";
+    } catch (const LoaderError& e) {
+      EXPECT_NE(std::string(e.what()).find("raised: ValueError: bad sample 5"), std::string::npos) << e.what();
+    }
+    serve.join();
+    EXPECT_EQ(p.phase(), Phase::Served);
+    consumer.begin_epoch();
+    EXPECT_FALSE(consumer.next().has_value());  // and then the stream's end, at once
+    EXPECT_TRUE(consumer.finished());
+  }
+}

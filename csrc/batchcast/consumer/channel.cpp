@@ -11,8 +11,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kTick = std::chrono::milliseconds(100);
-// Messages a producer sent just before exiting may still be in flight.
-constexpr auto kProducerGrace = std::chrono::milliseconds(500);
+
+SessionOptions session_options(const ChannelOptions& options) {
+  SessionOptions s;
+  s.name = options.name;
+  s.hello.pid = ::getpid();
+  s.hello.flags = options.catch_up ? protocol::Hello::kCatchUp : 0u;
+  s.hello.batch_size = options.batch_size;
+  s.hello.group = options.group;
+  s.hello.rank = options.rank;
+  s.hello.world_size = options.world_size;
+  s.hello.resume_epoch = options.resume_epoch;
+  s.hello.resume_position = options.resume_position;
+  return s;
+}
 
 // Marks the trainer as inside take()/join(), where it drains the socket itself.
 class Inside {
@@ -33,22 +45,20 @@ std::shared_ptr<Channel> Channel::connect(ChannelOptions options) {
 }
 
 Channel::Channel(ChannelOptions options)
-    : options_(std::move(options)), context_(1), dealer_(context_, zmq::socket_type::dealer) {
+    : options_(std::move(options)),
+      context_(1),
+      dealer_(context_, zmq::socket_type::dealer),
+      session_(session_options(options_)) {
   dealer_.set(zmq::sockopt::linger, 1000);
   dealer_.set(zmq::sockopt::sndhwm, 0);
   dealer_.set(zmq::sockopt::rcvhwm, 0);
   dealer_.connect(options_.endpoint);
   socket_fd_ = dealer_.get(zmq::sockopt::fd);
-  protocol::Hello hello;
-  hello.pid = ::getpid();
-  hello.flags = options_.catch_up ? protocol::Hello::kCatchUp : 0u;
-  hello.batch_size = options_.batch_size;
-  hello.group = options_.group;
-  hello.rank = options_.rank;
-  hello.world_size = options_.world_size;
-  hello.resume_epoch = options_.resume_epoch;
-  hello.resume_position = options_.resume_position;
-  send(hello);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    act(session_.start());
+  }
+  flush();
 }
 
 Channel::~Channel() {
@@ -60,21 +70,22 @@ Channel::~Channel() {
   if (watchdog_.joinable()) watchdog_.join();
   // No token is alive (each keeps the channel): nothing of the ring is used.
   std::unique_ptr<MappedRing> ring;
-  bool tell = false;
+  SessionActions last;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    last = session_.close();
     ring = std::move(ring_);
-    tell = phase_ != Phase::Unmapped;
-    phase_ = Phase::Unmapped;
   }
   ring.reset();
-  if (tell) send(protocol::Unmapped{});  // the producer forgets us and whatever we never took
-  // Give those last words a moment to leave, unless nobody is there to hear.
   bool gone = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    gone = finished_ || error_ != nullptr || !welcome_;
+    session_.on_unmapped();
+    for (auto& m : last.sends) outbox_.push_back(std::move(m));  // Unmapped, after the mapping closed
+    gone = session_.producer_gone();
   }
+  flush();
+  // Give those last words a moment to leave, unless nobody is there to hear.
   dealer_.set(zmq::sockopt::linger, gone ? 0 : 200);
   dealer_.close();
   context_.close();
@@ -89,8 +100,8 @@ protocol::Welcome Channel::join(double timeout) {
     pump();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (error_) std::rethrow_exception(error_);
-      if (welcome_) return *welcome_;
+      session_.rethrow_if_failed();
+      if (session_.welcome()) return *session_.welcome();
     }
     if (Clock::now() >= deadline) {
       throw ProducerLost("no batchcast producer named '" + options_.name + "' answered within " +
@@ -112,13 +123,7 @@ protocol::Message Channel::take() {
     pump();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (error_) std::rethrow_exception(error_);
-      if (!inbox_.empty()) {
-        protocol::Message m = std::move(inbox_.front());
-        inbox_.pop_front();
-        if (std::holds_alternative<protocol::Announcement>(m)) taken_ += 1;
-        return m;
-      }
+      if (auto m = session_.take()) return std::move(*m);
     }
     interrupt_check(last_interrupt);
     transport::wait_readable({socket_fd_, wakeup_.fd()}, kTick);
@@ -135,8 +140,7 @@ void Channel::interrupt_check(Clock::time_point& last) {
 std::shared_ptr<ReleaseToken> Channel::hold(uint64_t seq) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    referenced_.insert(seq);
-    taken_ -= 1;
+    session_.hold(seq);
   }
   return std::make_shared<ReleaseToken>(seq, shared_from_this());
 }
@@ -144,9 +148,9 @@ std::shared_ptr<ReleaseToken> Channel::hold(uint64_t seq) {
 void Channel::release_now(uint64_t seq) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    taken_ -= 1;
+    act(session_.release_now(seq));
   }
-  send_releases({seq});
+  flush();
 }
 
 MappedRing& Channel::ring() {
@@ -158,43 +162,10 @@ MappedRing& Channel::ring() {
 void Channel::leave() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    start_leaving();
+    act(session_.leave());
   }
   flush();
   watch_wakeup_.notify();  // it may be drained already: let the ring go soon
-}
-
-// Under mu_. Nothing more is taken: say Bye (once), and release the
-// announcements queued, which are not ours to keep.
-void Channel::start_leaving() {
-  if (phase_ == Phase::Joining || phase_ == Phase::Member) {
-    phase_ = Phase::Leaving;
-    outbox_.push_back(protocol::Bye{});
-  }
-  std::vector<uint64_t> release;
-  for (const auto& m : inbox_) {
-    if (const auto* a = std::get_if<protocol::Announcement>(&m)) release.push_back(a->seq);
-  }
-  inbox_.clear();
-  if (!release.empty()) outbox_.push_back(protocol::Release{std::move(release)});
-}
-
-void Channel::flush() noexcept {
-  try {
-    std::lock_guard<std::mutex> socket(socket_mu_);
-    send_outbox();
-  } catch (...) {
-  }
-}
-
-// Under socket_mu_.
-void Channel::send_outbox() {
-  std::vector<protocol::Message> out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    out.swap(outbox_);
-  }
-  for (const auto& m : out) transport::try_send(dealer_, {protocol::encode(m)});
 }
 
 void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept {
@@ -202,10 +173,7 @@ void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream
   {
     std::lock_guard<std::mutex> lock(mu_);
     ring = ring_.get();  // not unmapped while `seq` is referenced or releasing
-    // A GPU release completes later (once the streams are past the slot), in a
-    // training loop a step or more later. Until then the slot is not kept by
-    // anyone here: counted as kept, it would make every batch a private copy.
-    if (referenced_.erase(seq) > 0) releasing_.insert(seq);
+    session_.unreferenced(seq);
   }
   if (ring != nullptr) {
     ring->release(seq, stream);  // calls released(seq), maybe later
@@ -217,189 +185,76 @@ void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream
 void Channel::released(uint64_t seq) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    referenced_.erase(seq);
-    releasing_.erase(seq);
+    act(session_.on_released(seq));
   }
-  send_releases({seq});
+  flush();
 }
 
-void Channel::send_releases(std::vector<uint64_t> seqs) noexcept {
-  if (!seqs.empty()) send(protocol::Release{std::move(seqs)});
+// Under mu_.
+void Channel::act(SessionActions a) {
+  if (a.map) {
+    SessionActions next;
+    try {
+      open_ring(*a.map);
+      next = session_.on_mapped(RingExtent{ring_->size(), ring_->events()});
+    } catch (...) {  // CudaError, SystemError, ProducerLost
+      next = session_.on_failed(std::current_exception());
+    }
+    a.map.reset();
+    a.merge(std::move(next));
+  }
+  for (auto& m : a.sends) outbox_.push_back(std::move(m));
+  if (a.news && (!trainer_inside_ || session_.failed())) wakeup_.notify();
 }
 
-void Channel::send(const protocol::Message& message) noexcept {
+// Under mu_.
+void Channel::open_ring(const protocol::Ring& ring) {
+  const int64_t pid = session_.welcome()->producer_pid;
   try {
-    const std::string bytes = protocol::encode(message);
+    ring_ = MappedRing::open(ring, pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
+  } catch (const SystemError&) {
+    if (process_alive(pid)) throw;
+    throw ProducerLost("producer pid " + std::to_string(pid) +
+                       " exited before this consumer could map its ring (a finished producer waits "
+                       "`linger` seconds for that); the batches it sent are lost");
+  }
+  memory_opens_ += ring_->ipc_memory_opens();  // kept after the mapping is closed
+  event_opens_ += ring_->ipc_event_opens();
+}
+
+void Channel::flush() noexcept {
+  try {
     std::lock_guard<std::mutex> socket(socket_mu_);
-    transport::try_send(dealer_, {bytes});
-    // A send may consume the socket's pending read signal: if something can
-    // be received now, make sure a waiting trainer looks.
-    if (transport::readable(dealer_)) wakeup_.notify();
+    send_outbox();
   } catch (...) {
     // The socket is failing (the process is exiting): the producer notices
     // this consumer is gone through its liveness sweep.
   }
 }
 
-void Channel::pump() {
-  bool added = false;
+// Under socket_mu_.
+void Channel::send_outbox() {
+  std::vector<protocol::Message> out;
   {
-    std::lock_guard<std::mutex> socket(socket_mu_);
-    std::vector<zmq::message_t> frames;
-    while (transport::try_receive(dealer_, frames)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (frames.size() != 1) {
-        dropped_ += 1;
-        continue;
-      }
-      const std::size_t before = inbox_.size();
-      try {
-        accept(protocol::decode(frames[0].data(), frames[0].size()));
-      } catch (const MalformedMessage&) {
-        dropped_ += 1;
-      } catch (...) {  // mapping the ring failed: CudaError, SystemError
-        fail(std::current_exception());
-      }
-      added = added || inbox_.size() != before;
-    }
-    send_outbox();
+    std::lock_guard<std::mutex> lock(mu_);
+    out.swap(outbox_);
   }
-  // Taken in by the watchdog while a trainer may be about to wait: wake it.
-  if (added && !trainer_inside_) wakeup_.notify();
+  if (out.empty()) return;
+  for (const auto& m : out) transport::try_send(dealer_, {protocol::encode(m)});
+  // A send may consume the socket's pending read signal: if something can
+  // be received now, make sure a waiting trainer looks.
+  if (transport::readable(dealer_)) wakeup_.notify();
 }
 
-// Under mu_ (and socket_mu_). Connection-level messages are handled here;
-// the rest is queued for take().
-void Channel::accept(protocol::Message m) {
-  namespace pr = protocol;
-  auto unexpected = [](const auto& message) {
-    using T = std::decay_t<decltype(message)>;
-    throw MalformedMessage(std::string("unexpected ") + pr::kind_name(pr::kind_of<T>()));
-  };
-  auto needs_welcome = [&](const char* what) {
-    if (!welcome_) throw MalformedMessage(std::string(what) + " before welcome");
-  };
-  std::visit(
-      pr::Exhaustive{
-          [&](pr::Welcome& w) {
-            if (welcome_) throw MalformedMessage("second welcome");
-            welcome_ = w;
-            if (phase_ != Phase::Joining) return;  // left before the answer came
-            phase_ = Phase::Member;
-            if (w.ring.exists()) open_ring(w.ring);
-          },
-          [&](pr::Evicted& e) {
-            needs_welcome("eviction");
-            fail(std::make_exception_ptr(Evicted(e.reason)));
-          },
-          [&](pr::Refuse& r) {
-            fail(std::make_exception_ptr(
-                Refused(r.reason.empty() ? "the producer refused this consumer" : r.reason)));
-          },
-          [&](pr::RingReady& ready) {
-            if (welcome_ && ring_ && welcome_->ring.exists() &&
-                welcome_->ring.bytes == ready.ring.bytes && welcome_->ring.fd == ready.ring.fd &&
-                welcome_->ring.memory_handle == ready.ring.memory_handle) {
-              return;  // joined between the ring's creation and its announcement: already open
-            }
-            if (!welcome_ || ring_ || ready.ring.gpu_uuid != welcome_->ring.gpu_uuid) {
-              throw MalformedMessage("unexpected ring");
-            }
-            welcome_->ring = ready.ring;
-            if (phase_ == Phase::Member) open_ring(ready.ring);
-          },
-          [&](pr::Announcement& a) {
-            if (!ring_) {
-              if (phase_ != Phase::Member && welcome_) release_later(a.seq);  // left before the ring came
-              throw MalformedMessage("announcement before the ring");
-            }
-            for (const auto& leaf : a.leaves) {
-              if (const auto* t = std::get_if<pr::TensorLeaf>(&leaf)) {
-                if (t->offset > ring_->size() || t->nbytes() > ring_->size() - t->offset) {
-                  throw MalformedMessage("tensor outside the ring");
-                }
-              }
-            }
-            if (ring_->events() > 0 ? (a.event < 0 || a.event >= ring_->events()) : a.event != -1) {
-              throw MalformedMessage("bad slot event");
-            }
-            received_ += 1;
-            if (phase_ != Phase::Member) {
-              release_later(a.seq);  // announced while we left: not ours to keep
-              return;
-            }
-            inbox_.push_back(std::move(m));
-          },
-          [&](pr::Heartbeat&) {},
-          [&](pr::GroupReady&) { queue_group_message(std::move(m)); },
-          [&](pr::GroupBroken&) { queue_group_message(std::move(m)); },
-          [&](pr::EpochEnd&) {
-            needs_welcome("epoch end");
-            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-          },
-          [&](pr::LoaderFailed&) {
-            needs_welcome("loader failure");
-            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-          },
-          [&](pr::Finished&) {
-            needs_welcome("finish");
-            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-            finished_ = true;
-            if (phase_ == Phase::Member) phase_ = Phase::Leaving;  // nothing more will come
-          },
-          // What consumers send, and the status exchange: never to a consumer.
-          [&](pr::Hello& x) { unexpected(x); },
-          [&](pr::Release& x) { unexpected(x); },
-          [&](pr::Bye& x) { unexpected(x); },
-          [&](pr::Unmapped& x) { unexpected(x); },
-          [&](pr::Mapped& x) { unexpected(x); },
-          [&](pr::StatusRequest& x) { unexpected(x); },
-          [&](pr::Status& x) { unexpected(x); },
-      },
-      m);
-}
-
-// Under mu_.
-void Channel::queue_group_message(protocol::Message m) {
-  if (!welcome_ || options_.world_size == 0) {
-    throw MalformedMessage("group message to a consumer of no group");
+void Channel::pump() {
+  std::lock_guard<std::mutex> socket(socket_mu_);
+  std::vector<zmq::message_t> frames;
+  while (transport::try_receive(dealer_, frames)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    act(frames.size() == 1 ? session_.on_message(frames[0].data(), frames[0].size())
+                           : session_.on_malformed());
   }
-  if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
-}
-
-// Under mu_.
-void Channel::open_ring(const protocol::Ring& ring) {
-  try {
-    ring_ = MappedRing::open(
-        ring, welcome_->producer_pid, [this](uint64_t seq) { released(seq); }, options_.release_after);
-  } catch (const SystemError&) {
-    if (process_alive(welcome_->producer_pid)) throw;
-    throw ProducerLost("producer pid " + std::to_string(welcome_->producer_pid) +
-                       " exited before this consumer could map its ring (a finished producer waits "
-                       "`linger` seconds for that); the batches it sent are lost");
-  }
-  memory_opens_ += ring_->ipc_memory_opens();  // kept after the mapping is closed
-  event_opens_ += ring_->ipc_event_opens();
-  outbox_.push_back(protocol::Mapped{});  // a finished producer may be waiting for it
-}
-
-// Under mu_.
-void Channel::release_later(uint64_t seq) {
-  if (!outbox_.empty()) {
-    if (auto* r = std::get_if<protocol::Release>(&outbox_.back())) {
-      r->seqs.push_back(seq);
-      return;
-    }
-  }
-  outbox_.push_back(protocol::Release{{seq}});
-}
-
-// Under mu_. Whatever the error, this consumer takes nothing more.
-void Channel::fail(std::exception_ptr error) {
-  if (!error_) error_ = std::move(error);
-  start_leaving();
-  wakeup_.notify();
-  watch_wakeup_.notify();  // sends what start_leaving queued
+  send_outbox();
 }
 
 void Channel::watch() {
@@ -416,78 +271,60 @@ void Channel::watch() {
       } else {
         flush();
       }
-      check_producer();
-      unmap_if_drained();
+      tick();
     } catch (...) {
       // Nothing escapes this thread: the trainer gets the error.
-      std::lock_guard<std::mutex> lock(mu_);
-      fail(std::current_exception());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        act(session_.on_failed(std::current_exception()));
+      }
+      flush();
     }
   }
 }
 
-// The producer's process is the liveness signal (a reply could be late for
-// many reasons; a dead process is dead).
-void Channel::check_producer() {
-  int64_t pid = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (phase_ != Phase::Member || !welcome_ || error_) {
-      producer_gone_since_.reset();
-      return;
-    }
-    pid = welcome_->producer_pid;
-  }
-  const bool alive = process_alive(pid);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (alive || phase_ != Phase::Member) {
-    producer_gone_since_.reset();
-    return;
-  }
-  if (!producer_gone_since_) producer_gone_since_ = Clock::now();
-  if (Clock::now() - *producer_gone_since_ > kProducerGrace) {
-    fail(std::make_exception_ptr(
-        ProducerLost("batchcast producer '" + options_.name + "' (pid " + std::to_string(pid) +
-                     ") exited or was killed before finishing; restart it and this consumer")));
-  }
-}
-
-// Leaving, with nothing referenced, queued or in flight: close the mapping and
-// tell the producer, which may then free a GPU ring.
-void Channel::unmap_if_drained() {
+// The session's periodic rules: the producer's liveness, and once drained,
+// the mapping closed before the producer is told (it may then free a GPU ring).
+void Channel::tick() {
   std::unique_ptr<MappedRing> ring;
+  SessionActions after;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (phase_ != Phase::Leaving || !referenced_.empty() || !releasing_.empty() || taken_ != 0) return;
-    for (const auto& m : inbox_) {
-      if (std::holds_alternative<protocol::Announcement>(m)) return;
+    SessionActions a =
+        session_.on_tick(process_alive, Clock::now(), ring_ ? ring_->releases_in_flight() : 0);
+    if (!a.unmap) {
+      act(std::move(a));
+    } else {
+      ring = std::move(ring_);
+      after = std::move(a);
     }
-    if (ring_ && ring_->releases_in_flight() > 0) return;
-    phase_ = Phase::Drained;
-    ring = std::move(ring_);
   }
-  ring.reset();  // outside mu_: a GPU mapping's waiter thread may still take it
-  send(protocol::Unmapped{});
-  std::lock_guard<std::mutex> lock(mu_);
-  phase_ = Phase::Unmapped;
+  if (after.unmap) {
+    ring.reset();  // outside mu_: a GPU mapping's waiter thread may still take it
+    std::lock_guard<std::mutex> lock(mu_);
+    session_.on_unmapped();
+    after.unmap = false;
+    act(std::move(after));
+  }
+  flush();
 }
 
 Channel::Phase Channel::phase() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return phase_;
+  return session_.phase();
 }
 
 std::set<uint64_t> Channel::referenced() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return referenced_;
+  return session_.referenced();
 }
 
 ChannelStats Channel::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ChannelStats s;
-  s.received = received_;
-  s.dropped_messages = dropped_;
-  s.slots_held = static_cast<int64_t>(referenced_.size() + releasing_.size());
+  s.received = session_.received();
+  s.dropped_messages = session_.dropped();
+  s.slots_held = session_.slots_held();
   s.ipc_memory_opens = memory_opens_;
   s.ipc_event_opens = event_opens_;
   if (ring_) {

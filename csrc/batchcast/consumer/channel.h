@@ -10,21 +10,13 @@
 // do what nobody else is there to do while the trainer is away: take in
 // messages, let go of the ring once nothing references it.
 //
-// Phases, in order (never backwards):
-//   Joining  Hello sent, no Welcome yet.
-//   Member   receives announcements.
-//   Leaving  takes no more: the consumer closed (Bye), was evicted, or the
-//            producer finished. Slots still referenced stay held.
-//   Drained  leaving, and nothing of the ring is referenced or queued.
-//   Unmapped the mapping is closed and the producer told (Unmapped).
-// Errors (producer lost, evicted, refused, a mapping that failed) are kept as
-// the first exception and rethrown unchanged to the trainer.
+// The consumer's rules (phases, validation, which slots are held) are the
+// Session's; the channel does what it asks: sends, maps, unmaps, wakes.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -40,6 +32,7 @@
 #include "batchcast/common/endpoint.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
+#include "batchcast/consumer/session.h"
 #include "batchcast/protocol/message.h"
 
 namespace batchcast {
@@ -71,7 +64,7 @@ struct ChannelStats {
 
 class Channel final : public ReleaseSink, public std::enable_shared_from_this<Channel> {
  public:
-  enum class Phase { Joining, Member, Leaving, Drained, Unmapped };
+  using Phase = Session::Phase;
 
   // Connects and says Hello.
   static std::shared_ptr<Channel> connect(ChannelOptions options);
@@ -110,29 +103,20 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
 
  private:
   explicit Channel(ChannelOptions options);
-  void watch();                              // the watchdog thread
-  void pump();                               // takes in what the socket has; sends queued releases
-  // Under mu_: connection-level messages are handled here, the rest queued
-  // for take(); one handler per kind (a new kind does not compile until it
-  // has one here).
-  void accept(protocol::Message message);
-  void queue_group_message(protocol::Message message);  // under mu_
+  void watch();                         // the watchdog thread
+  void pump();                          // takes in what the socket has; sends what is queued
+  void act(SessionActions actions);     // under mu_: maps, queues sends, wakes (never unmaps)
+  void tick();                          // the session's periodic rules; unmaps once drained
   void open_ring(const protocol::Ring& ring);  // under mu_
-  void start_leaving();                      // under mu_
-  void release_later(uint64_t seq);          // under mu_: queued for the next send
-  void fail(std::exception_ptr error);       // under mu_: the first error wins
-  void flush() noexcept;                     // sends what is queued
-  void send_outbox();                        // under socket_mu_
-  void check_producer();
-  void unmap_if_drained();
-  void released(uint64_t seq) noexcept;      // the slot may go back to the producer
-  void send(const protocol::Message& message) noexcept;  // takes socket_mu_
-  void send_releases(std::vector<uint64_t> seqs) noexcept;
+  void released(uint64_t seq) noexcept;  // the slot may go back to the producer
+  void flush() noexcept;                // takes socket_mu_, sends what is queued
+  void send_outbox();                   // under socket_mu_
   void interrupt_check(std::chrono::steady_clock::time_point& last);
 
   ChannelOptions options_;
 
-  // Lock order: socket_mu_ before mu_. Neither is held while a token dies.
+  // Lock order: socket_mu_ before mu_. Neither is held while a token dies
+  // or the mapping closes.
   std::mutex socket_mu_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
@@ -141,24 +125,12 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   Wakeup watch_wakeup_;
 
   mutable std::mutex mu_;
-  Phase phase_ = Phase::Joining;
-  std::optional<protocol::Welcome> welcome_;
+  Session session_;
   std::unique_ptr<MappedRing> ring_;
-  std::deque<protocol::Message> inbox_;
   std::vector<protocol::Message> outbox_;  // to the producer, sent by whoever holds the socket next
-  std::set<uint64_t> referenced_;
-  // Slots whose last token died but whose release waits for the GPU to pass
-  // them: still held from the producer, but no longer kept by anything here.
-  std::set<uint64_t> releasing_;
-  int64_t taken_ = 0;  // announcements handed out by take(), not yet held or released
-  std::exception_ptr error_;
-  bool finished_ = false;  // the producer said Finished
-  bool quit_ = false;
-  int64_t received_ = 0;
-  int64_t dropped_ = 0;
   int64_t memory_opens_ = 0;  // CUDA IPC handles opened, over the channel's life
   int64_t event_opens_ = 0;
-  std::optional<std::chrono::steady_clock::time_point> producer_gone_since_;
+  bool quit_ = false;
 
   std::atomic<bool> trainer_inside_{false};  // a trainer is in take() or join()
   std::thread watchdog_;

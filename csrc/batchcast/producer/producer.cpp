@@ -99,23 +99,52 @@ void Producer::rethrow_io_error() const {
   if (io_error_) std::rethrow_exception(io_error_);
 }
 
+bool Producer::stopping() const {
+  return phase_ == Phase::Stopping || phase_ == Phase::Stopped || phase_ == Phase::Closed;
+}
+
+void Producer::check_serving(const char* what) const {
+  if (phase_ == Phase::Serving) return;
+  if (phase_ == Phase::Served) {
+    throw InvalidArgument(std::string(what) + ": producer '" + options_.name +
+                          "' has ended its stream (finish() or fail() was called); nothing can "
+                          "follow it: make a new Producer to serve again");
+  }
+  throw Stopped("producer stopped");
+}
+
+void Producer::end_stream(Phase next) {
+  stream_.push_back(protocol::Finished{epochs_done_});
+  wakeup_.notify();
+  phase_ = next;
+}
+
+void Producer::wake_all() {
+  space_.notify_all();
+  members_.notify_all();
+  drained_.notify_all();
+  wakeup_.notify();
+}
+
+Producer::Phase Producer::phase() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phase_;
+}
+
 void Producer::close() {
   std::lock_guard<std::mutex> closing(close_mu_);
-  if (closed_) return;
-  closed_ = true;
-  stop();
-  bool served = false;  // every epoch, or the loader's error, went out: consumers are owed them
+  // The stream's end went out before close(): consumers are owed what they were sent.
+  bool served = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    served = finished_ || loader_failed_;
+    if (phase_ == Phase::Closed) return;
+    served = phase_ == Phase::Served || phase_ == Phase::Stopped;
     // Whatever way this producer ends, its consumers hear of it: mid-epoch they
     // raise ProducerLost instead of waiting on a live process forever.
-    if (!finished_) {
-      finished_ = true;
-      stream_.push_back(protocol::Finished{epochs_done_});
-      wakeup_.notify();
-    }
-    drained_.wait(lock, [&] { return publishing_ == 0; });  // stop() ended every wait
+    if (phase_ == Phase::Serving || phase_ == Phase::Stopping) end_stream(Phase::Closed);
+    phase_ = Phase::Closed;
+    wake_all();  // every blocked call ends
+    drained_.wait(lock, [&] { return publishing_ == 0; });
   }
   std::exception_ptr interrupted;
   if (ring_->unmap_before_free()) {
@@ -236,15 +265,16 @@ std::exception_ptr Producer::await_consumers(const std::function<std::vector<int
 bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   bool ready = wait(lock, members_, timeout_seconds,
-                    [&] { return stopping_ || membership_.active() >= count; });
+                    [&] { return stopping() || membership_.active() >= count; });
   rethrow_io_error();
-  if (stopping_) throw Stopped("producer stopped");
+  if (stopping()) throw Stopped("producer stopped");
   return ready;
 }
 
 void Producer::begin_epoch(int64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    check_serving("begin_epoch");
     epoch_ = epoch;
     epoch_batches_ = 0;
     epoch_samples_ = 0;
@@ -280,7 +310,7 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
     stats_.loader_seconds += seconds_since(*last_publish_end_);
     last_publish_end_.reset();
   }
-  if (stopping_) throw Stopped("producer stopped");
+  check_serving("publish");
   if (!ring_->allocated()) {
     ring_->allocate(layout.bytes);  // sized from the first batch
     stats_.ring_bytes = ring_->bytes();
@@ -292,8 +322,8 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
   waiting_since_ = wait_start;
   try {
     wait(lock, space_, -1, [&] {
-      if (!slot && !stopping_) slot = ring_->try_reserve(layout.bytes, layout.align);
-      return slot.has_value() || stopping_;
+      if (!slot && phase_ == Phase::Serving) slot = ring_->try_reserve(layout.bytes, layout.align);
+      return slot.has_value() || phase_ != Phase::Serving;
     });
   } catch (...) {
     waiting_for_space_ = false;
@@ -303,10 +333,10 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
   waiting_for_space_ = false;
   waited = seconds_since(wait_start);
   stats_.wait_seconds += waited;
-  if (stopping_) {
+  if (phase_ != Phase::Serving) {  // stopped, or the stream ended from another thread
     if (slot) ring_->release(slot->seq);
     rethrow_io_error();
-    throw Stopped("producer stopped");
+    check_serving("publish");
   }
   publishing_ += 1;  // close() waits for this write before freeing the ring
   return std::move(*slot);
@@ -372,6 +402,7 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
 
 void Producer::end_epoch() {
   std::lock_guard<std::mutex> lock(mu_);
+  check_serving("end_epoch");
   epochs_done_ += 1;
   last_publish_end_.reset();
   stream_.push_back(protocol::EpochEnd{epoch_, epoch_samples_, epoch_batches_});
@@ -380,30 +411,23 @@ void Producer::end_epoch() {
 
 void Producer::fail(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ != Phase::Serving && phase_ != Phase::Stopping) return;  // the stream has ended already
   stream_.push_back(protocol::LoaderFailed{std::max<int64_t>(epoch_, 0), message});
-  loader_failed_ = true;
-  wakeup_.notify();
+  end_stream(phase_ == Phase::Serving ? Phase::Served : Phase::Stopped);
 }
 
 void Producer::finish() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (finished_) return;
-  finished_ = true;
-  stream_.push_back(protocol::Finished{epochs_done_});
-  wakeup_.notify();
+  if (phase_ != Phase::Serving && phase_ != Phase::Stopping) return;  // the stream has ended already
+  end_stream(phase_ == Phase::Serving ? Phase::Served : Phase::Stopped);
   // Return once the I/O thread has handed everything to ZeroMQ.
   wait(lock, drained_, 5.0, [&] { return stream_.empty() || io_error_ != nullptr; });
 }
 
 void Producer::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  space_.notify_all();
-  members_.notify_all();
-  drained_.notify_all();
-  wakeup_.notify();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ == Phase::Serving) phase_ = Phase::Stopping;
+  wake_all();
 }
 
 void Producer::enqueue(StreamItem item) {
@@ -456,14 +480,10 @@ void Producer::serve() {
     serve_until_quit();
   } catch (...) {
     // Nothing escapes this thread: the error fails the caller's next call.
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      io_error_ = std::current_exception();
-      stopping_ = true;
-    }
-    space_.notify_all();
-    members_.notify_all();
-    drained_.notify_all();
+    std::lock_guard<std::mutex> lock(mu_);
+    io_error_ = std::current_exception();
+    if (phase_ == Phase::Serving) phase_ = Phase::Stopping;
+    wake_all();
   }
 }
 

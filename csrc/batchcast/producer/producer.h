@@ -167,15 +167,21 @@ class Producer {
   // no timeout). Throws Stopped when stop() is called meanwhile.
   bool wait_for_consumers(int64_t count, double timeout_seconds);
 
+  // The stream, in order: epochs of batches, then finish() or fail(). Each
+  // throws Stopped once stopped, and InvalidArgument once served (nothing
+  // more can follow the stream's end).
   void begin_epoch(int64_t epoch);
   // Copies the batch into the ring (waiting for space) and announces it;
   // returns the seconds spent waiting for space. Throws Stopped, and
   // InvalidArgument for a batch that cannot be shared.
   double publish(const Batch& batch);
   void end_epoch();
-  // The loader raised: every consumer gets a LoaderError with this message.
+  // The loader raised: every consumer gets a LoaderError with this message,
+  // and the stream ends there.
   void fail(const std::string& message);
-  // No more epochs; consumers finish what they hold and then stop.
+  // No more epochs; consumers finish what they hold and then stop. After
+  // stop(), it still tells consumers the stream ended (they raise
+  // ProducerLost mid-epoch). Idempotent.
   void finish();
   // Safe from any thread: wakes and fails every blocked call.
   void stop();
@@ -183,6 +189,21 @@ class Producer {
   // too). A GPU ring is freed once every consumer has let go of it, or after
   // `linger` seconds.
   void close();
+
+  // The producer's life, in order (never backwards):
+  //   Serving   epochs are published.
+  //   Stopping  stop() (or a failed I/O thread) before the stream's end:
+  //             every blocked call ends with Stopped; nothing more is published.
+  //   Stopped   stopping, and consumers were told the stream ended (finish()).
+  //   Served    the stream's end went out after its last batch (finish()) or
+  //             the loader's error (fail()).
+  //   Closed    close() began: consumers were told, the ring goes. Having
+  //             told them before (Stopped, Served), it keeps a host ring open
+  //             until each consumer given it has mapped it (at most linger):
+  //             they are owed what they were sent.
+  // stop() once the stream has ended changes nothing: there is nothing to stop.
+  enum class Phase { Serving, Stopping, Stopped, Served, Closed };
+  Phase phase() const;
 
   ProducerStats stats() const;
   std::string endpoint() const { return endpoint_; }
@@ -214,6 +235,10 @@ class Producer {
             Done done);
   void enqueue(StreamItem item);
   void rethrow_io_error() const;  // under mu_
+  bool stopping() const;          // under mu_: blocked calls end, nothing more is published
+  void check_serving(const char* what) const;  // under mu_: throws unless Serving
+  void end_stream(Phase next);    // under mu_: queues Finished, moves to `next`
+  void wake_all();                // every blocked call looks at the phase again
   void await_unmapped();
   std::exception_ptr await_mapped();
   std::exception_ptr await_consumers(const std::function<std::vector<int64_t>()>& pending,
@@ -254,14 +279,11 @@ class Producer {
   int64_t epochs_done_ = 0;
   Clock::time_point started_ = Clock::now();
   std::optional<Clock::time_point> last_publish_end_;  // within an epoch
-  bool stopping_ = false;
-  bool finished_ = false;  // Finished was queued
-  bool loader_failed_ = false;  // fail() was called: consumers are owed the LoaderFailed
+  Phase phase_ = Phase::Serving;
   std::exception_ptr io_error_;
   ProducerStats stats_;
   std::atomic<bool> quit_io_{false};
-  std::mutex close_mu_;
-  bool closed_ = false;
+  std::mutex close_mu_;  // a second close() waits for the first
   std::thread io_;
 };
 

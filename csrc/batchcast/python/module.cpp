@@ -11,6 +11,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -164,16 +165,39 @@ void bind_simulated(py::module_& m) {
 // ---- options in, statistics out ---------------------------------------------
 
 // The constructors take every option as a typed keyword argument, defaults
-// from the core's own; this check (at import) keeps them and the options'
-// visit() lists the same, so a new option does not go unbound.
-template <typename Options, size_t N>
-void check_bound(const char* what, const std::array<const char*, N>& bound) {
+// from the core's own; this check (at import) reads the names a constructor
+// was bound with from its signature and holds them, in order, to the
+// options' visit() list, so a new option does not go unbound.
+std::vector<std::string> keyword_names(const py::object& cls) {
+  // pybind11 renders it "__init__(self: T, *, name: str, slots: int = 8, ...) -> None".
+  const std::string doc = py::str(cls.attr("__init__").attr("__doc__"));
+  const auto star = doc.find("*, ");
+  const auto end = doc.rfind(") -> None");
+  std::vector<std::string> names;
+  if (star == std::string::npos || end == std::string::npos || end < star) return names;
+  const std::string params = doc.substr(star + 1, end - star - 1);  // ", name: str, ..."
+  for (auto at = params.find(", "); at != std::string::npos; at = params.find(", ", at + 2)) {
+    auto i = at + 2;
+    while (i < params.size() && (std::isalnum(static_cast<unsigned char>(params[i])) || params[i] == '_')) ++i;
+    if (i > at + 2 && params.compare(i, 2, ": ") == 0) names.push_back(params.substr(at + 2, i - at - 2));
+  }
+  return names;
+}
+
+template <typename Options>
+void check_bound(const char* what, const py::object& cls) {
   std::vector<std::string> fields;
   Options().visit([&](const char* name, auto&) { fields.emplace_back(name); });
-  bool same = fields.size() == N;
-  for (size_t i = 0; same && i < N; ++i) same = fields[i] == bound[i];
-  if (!same) throw std::logic_error(std::string("batchcast._C binds ") + what +
-                                    "'s options out of step with its visit() list");
+  const std::vector<std::string> bound = keyword_names(cls);
+  if (bound != fields) {
+    auto join = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+      return s;
+    };
+    throw std::logic_error(std::string("batchcast._C binds ") + what + "(" + join(bound) +
+                           ") out of step with its options' visit() list (" + join(fields) + ")");
+  }
 }
 
 struct ToDict {
@@ -319,14 +343,6 @@ PYBIND11_MODULE(_C, m) {
 
   static const ProducerOptions kProducer;
   static const ConsumerOptions kConsumer;
-  check_bound<ProducerOptions>("Producer", std::array{
-      "name", "runtime_dir", "slots", "ring_bytes", "samples_per_epoch", "batches_per_epoch",
-      "straggler_timeout", "catch_up_window", "cuda_device", "linger", "loader"});
-  check_bound<ConsumerOptions>("Consumer", std::array{
-      "name", "batch_size", "drop_last", "timeout", "catch_up", "runtime_dir", "placement",
-      "cuda_device", "release_after", "group", "rank", "world_size", "resume_epoch",
-      "resume_position"});
-
   py::class_<BoundProducer>(m, "Producer")
       .def(py::init([](std::string name, std::string runtime_dir, int64_t slots, uint64_t ring_bytes,
                        int64_t samples_per_epoch, int64_t batches_per_epoch,
@@ -453,4 +469,7 @@ PYBIND11_MODULE(_C, m) {
       .def("position", [](BoundConsumer& b) { return b.core->position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")
       .def("stats", [](BoundConsumer& b) { return to_dict(b.core->stats()); });
+
+  check_bound<ProducerOptions>("Producer", m.attr("Producer"));
+  check_bound<ConsumerOptions>("Consumer", m.attr("Consumer"));
 }

@@ -10,7 +10,9 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,8 @@ from conftest import eventually, expected_sizes, shm_entries
 from torch.utils.data import DataLoader
 
 from workers import IdDataset
+
+import batchcast as bc
 
 N, L = 1003, 32
 
@@ -149,6 +153,74 @@ def test_producer_killed_raises_producer_lost_within_seconds(procs, name):
     assert time.monotonic() - killed < 4
     r = procs.result("c.json")
     assert r["error"].startswith("ProducerLost") and "exited or was killed" in r["error"]
+
+
+SLOW_LOADER = """
+import sys, time, torch, batchcast as bc
+class Slow:
+    def __iter__(self):
+        time.sleep(600)  # its first batch never comes while the test runs
+        yield torch.zeros(1)
+    def __len__(self):
+        return 1
+bc.Producer(Slow(), name=sys.argv[1], epochs=1).run()
+"""
+
+
+def _wakeups(thread_name: str) -> int:
+    """Context switches so far of this process's thread named `thread_name`."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != thread_name:
+                continue
+            status = (task / "status").read_text()
+        except FileNotFoundError:
+            continue
+        return sum(int(line.split()[1]) for line in status.splitlines()
+                   if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+    raise AssertionError(f"no thread named {thread_name}")
+
+
+def test_a_consumer_waiting_for_a_slow_loader_sleeps_until_its_producer_goes(runtime_dir, name):
+    """While a trainer waits for a loader's first batch, the consumer's watchdog
+    sleeps (about one wakeup a second; it woke ten times a second) and still
+    notices at once that the producer died."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:  # before Linux 5.3, or a sandbox that denies it
+        pytest.skip(f"no pidfd here ({exc}): the watchdog checks every 100 ms instead")
+    p = subprocess.Popen([sys.executable, "-c", SLOW_LOADER, name])
+    consumer = None
+    try:
+        consumer = bc.Consumer(name, timeout=60)
+        batches = iter(consumer)
+        errors: list[BaseException] = []
+
+        def trainer() -> None:
+            try:
+                next(batches)
+            except BaseException as exc:  # noqa: BLE001 (asserted below)
+                errors.append(exc)
+
+        t = threading.Thread(target=trainer)
+        t.start()
+        before, since = _wakeups("batchcast-watch"), time.monotonic()
+        time.sleep(3.0)  # a window to count wakeups in, not a wait for an event
+        woke = _wakeups("batchcast-watch") - before
+        window = time.monotonic() - since
+        assert woke <= 2 * window + 1, f"the watchdog woke {woke} times in {window:.1f} s"
+        p.kill()
+        killed = time.monotonic()
+        t.join(30)
+        assert not t.is_alive()
+        assert time.monotonic() - killed < 4
+        assert len(errors) == 1 and isinstance(errors[0], bc.ProducerLost), errors
+        assert "exited or was killed" in str(errors[0])
+    finally:
+        p.kill()
+        p.wait()
+        if consumer is not None:
+            consumer.close()
 
 
 def test_killed_consumer_does_not_stall_the_others(procs, name):

@@ -1,10 +1,12 @@
 #include "batchcast/common/endpoint.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -183,6 +185,24 @@ bool process_alive(long pid) {
   if (close_paren == std::string::npos || close_paren + 2 >= stat.size()) return true;
   char state = stat[close_paren + 2];
   return state != 'Z' && state != 'X';
+}
+
+Fd watch_process(long pid) {
+#ifdef SYS_pidfd_open
+  if (pid > 0) return Fd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)));
+#else
+  (void)pid;
+#endif
+  return Fd();
+}
+
+bool readable_now(int fd) {
+  pollfd item{fd, POLLIN, 0};
+  int n;
+  do {
+    n = ::poll(&item, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n > 0 && (item.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
 }
 
 }  // namespace batchcast

@@ -51,4 +51,11 @@ class Wakeup {
 
 bool process_alive(long pid);
 
+// A descriptor that becomes readable once process `pid` exits (a pidfd), so
+// a thread can sleep until then instead of checking on a timer; invalid
+// where the kernel has none (before Linux 5.3, or a sandbox that denies it).
+Fd watch_process(long pid);
+// Whether `fd` is readable now (never blocks).
+bool readable_now(int fd);
+
 }  // namespace batchcast

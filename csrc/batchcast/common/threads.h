@@ -9,6 +9,7 @@
 
 namespace batchcast {
 
-std::thread start_background_thread(std::function<void()> body);
+// `name` (at most 15 characters) is what ps, top and /proc show for it.
+std::thread start_background_thread(const char* name, std::function<void()> body);
 
 }  // namespace batchcast

@@ -11,6 +11,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kTick = std::chrono::milliseconds(100);
+// The watchdog's longest sleep while nothing is expected of it (a member,
+// its producer's exit watched): a message the trainer is not there to take
+// (a ring announced while it is away) waits at most this long.
+constexpr auto kQuietTick = std::chrono::milliseconds(1000);
 
 SessionOptions session_options(const ChannelOptions& options) {
   SessionOptions s;
@@ -40,7 +44,7 @@ class Inside {
 
 std::shared_ptr<Channel> Channel::connect(ChannelOptions options) {
   std::shared_ptr<Channel> channel(new Channel(std::move(options)));
-  channel->watchdog_ = start_background_thread([c = channel.get()] { c->watch(); });
+  channel->watchdog_ = start_background_thread("batchcast-watch", [c = channel.get()] { c->watch(); });
   return channel;
 }
 
@@ -205,6 +209,11 @@ void Channel::act(SessionActions a) {
   }
   for (auto& m : a.sends) outbox_.push_back(std::move(m));
   if (a.news && (!trainer_inside_ || session_.failed())) wakeup_.notify();
+  if (!producer_watched_ && session_.welcome()) {
+    producer_watched_ = true;
+    producer_watch_ = watch_process(session_.welcome()->producer_pid);
+    watch_wakeup_.notify();  // the watchdog sleeps on it from now on
+  }
 }
 
 // Under mu_.
@@ -257,14 +266,32 @@ void Channel::pump() {
   send_outbox();
 }
 
+// Under mu_.
+std::chrono::milliseconds Channel::watch_period() const {
+  const bool quiet = session_.phase() == Phase::Member && producer_watch_.valid() &&
+                     !producer_exited_ && !session_.failed();
+  return quiet ? kQuietTick : kTick;
+}
+
 void Channel::watch() {
   while (true) {
     try {
-      transport::wait_readable({watch_wakeup_.fd()}, kTick);
+      int producer = -1;
+      std::chrono::milliseconds period;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (quit_) return;
+        if (!producer_exited_) producer = producer_watch_.get();
+        period = watch_period();
+      }
+      transport::wait_readable({watch_wakeup_.fd(), producer}, period);
       watch_wakeup_.drain();
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (quit_) return;
+        // Readable for good once the process exits: watched no more (the
+        // session's grace and its error follow on the short tick).
+        if (producer >= 0 && readable_now(producer)) producer_exited_ = true;
       }
       if (!trainer_inside_) {
         pump();

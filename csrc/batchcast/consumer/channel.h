@@ -6,9 +6,12 @@
 // Threads. The trainer's thread does the work of a batch itself: take()
 // drains the socket and a tensor's deleter sends its Release, so the common
 // case (a batch already announced) involves no hand-off between threads. A
-// watchdog thread wakes every 100 ms to watch the producer's process and to
-// do what nobody else is there to do while the trainer is away: take in
-// messages, let go of the ring once nothing references it.
+// watchdog thread does what nobody else is there to do while the trainer is
+// away: take in messages, notice the producer's process is gone, let go of
+// the ring once nothing references it. While this consumer is a member and
+// the producer's process can be watched (a pidfd: readable once it exits),
+// the watchdog sleeps until that happens or for a second at most; otherwise
+// (joining, leaving, draining, the producer gone) it wakes every 100 ms.
 //
 // The consumer's rules (phases, validation, which slots are held) are the
 // Session's; the channel does what it asks: sends, maps, unmaps, wakes.
@@ -107,6 +110,7 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   void pump();                          // takes in what the socket has; sends what is queued
   void act(SessionActions actions);     // under mu_: maps, queues sends, wakes (never unmaps)
   void tick();                          // the session's periodic rules; unmaps once drained
+  std::chrono::milliseconds watch_period() const;  // under mu_: how long the watchdog may sleep
   void open_ring(const protocol::Ring& ring);  // under mu_
   void released(uint64_t seq) noexcept;  // the slot may go back to the producer
   void flush() noexcept;                // takes socket_mu_, sends what is queued
@@ -128,6 +132,9 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   Session session_;
   std::unique_ptr<MappedRing> ring_;
   std::vector<protocol::Message> outbox_;  // to the producer, sent by whoever holds the socket next
+  Fd producer_watch_;            // the producer's pidfd, once welcomed (invalid: none to be had)
+  bool producer_watched_ = false;  // tried to get it
+  bool producer_exited_ = false;   // it was readable: the process is gone
   int64_t memory_opens_ = 0;  // CUDA IPC handles opened, over the channel's life
   int64_t event_opens_ = 0;
   bool quit_ = false;

@@ -133,7 +133,7 @@ class SimStream {
  public:
   using Delay = std::function<void()>;
   explicit SimStream(Delay delay) : delay_(std::move(delay)) {
-    thread_ = start_background_thread([this] { run(); });
+    thread_ = start_background_thread("batchcast-sim", [this] { run(); });
   }
   ~SimStream() {
     {

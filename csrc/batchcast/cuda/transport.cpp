@@ -272,7 +272,7 @@ ReleaseWaiter::ReleaseWaiter(int device, std::function<void(uint64_t)> done)
     : state_(std::make_shared<State>()) {
   state_->device = device;
   state_->done = std::move(done);
-  state_->thread = start_background_thread([s = state_.get()] { s->run(); });
+  state_->thread = start_background_thread("batchcast-gpu", [s = state_.get()] { s->run(); });
 }
 
 ReleaseWaiter::~ReleaseWaiter() {

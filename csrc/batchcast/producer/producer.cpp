@@ -61,7 +61,7 @@ Producer::Producer(ProducerOptions options)
   stats_.ring_device = ring_->device();
   stats_.name = options_.name;
   stats_.pid = ::getpid();
-  io_ = start_background_thread([this] { serve(); });
+  io_ = start_background_thread("batchcast-io", [this] { serve(); });
 }
 
 Producer::~Producer() { close(); }

@@ -52,7 +52,7 @@ class HostRing final : public Ring {
       for (const auto& [offset, bytes] : ranges) region_->fault_in(offset, bytes);
       return;
     }
-    prefault_ = start_background_thread([region = &*region_, ranges] {
+    prefault_ = start_background_thread("batchcast-fault", [region = &*region_, ranges] {
       for (const auto& [offset, bytes] : ranges) region->populate(offset, bytes);
     });
   }

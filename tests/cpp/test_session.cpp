@@ -4,7 +4,10 @@
 // a late ring.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -364,4 +367,95 @@ TEST(Session, ClosingUnmapsAndTellsTheProducer) {
   EXPECT_EQ(h.unmaps, 1);
   EXPECT_EQ(h.kinds().back(), K::Unmapped);
   EXPECT_FALSE(h.s.producer_gone());  // it is there to hear the last words
+}
+
+// Random sequences of every event a consumer sees, seeded: every slot the
+// session accepted goes back to the producer exactly once (released by the
+// session itself, or taken and then released), nothing invalid is handed
+// out, nothing is handed out after leaving, and Unmapped is said once.
+TEST(Session, RandomEventsReleaseEverySlotExactlyOnce) {
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto chance = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+    Harness h;
+    h.welcome();
+    std::set<uint64_t> valid;     // well-formed announcements sent to it
+    std::vector<uint64_t> held;   // taken and referenced by "tensors"
+    std::set<uint64_t> releasing; // unreferenced, waiting for the "GPU"
+    uint64_t next_seq = 1;
+    bool left = false;
+    for (int step = 0; step < 200; ++step) {
+      const int what = static_cast<int>(rng() % 12);
+      if (what <= 3) {                      // a batch
+        const uint64_t seq = next_seq++;
+        // Once it said Unmapped, the producer forgot it and what it held.
+        if (h.s.phase() != Session::Phase::Unmapped) valid.insert(seq);
+        h.say(batch(seq, static_cast<int64_t>(seq)));
+      } else if (what == 4) {               // one that cannot be trusted
+        h.say(batch(next_seq++, 0, kRingBytes - 8));
+      } else if (what == 5) {
+        h.say(pr::EpochEnd{0, 4, 1});
+      } else if (what == 6 && h.s.failed()) {
+        EXPECT_THROW(h.s.take(), ProducerLost);
+      } else if (what == 6) {               // the trainer takes what is there
+        while (auto m = h.s.take()) {
+          ASSERT_FALSE(left) << "handed out after leaving";
+          if (auto* a = std::get_if<pr::Announcement>(&*m)) {
+            ASSERT_TRUE(valid.count(a->seq)) << "handed out an invalid announcement";
+            if (chance(30)) {
+              h.act(h.s.release_now(a->seq));
+            } else {
+              h.s.hold(a->seq);
+              held.push_back(a->seq);
+            }
+          }
+        }
+      } else if (what == 7 && !held.empty()) {  // tensors die
+        const std::size_t i = rng() % held.size();
+        const uint64_t seq = held[i];
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+        h.s.unreferenced(seq);
+        if (chance(50)) {
+          h.act(h.s.on_released(seq));
+        } else {
+          releasing.insert(seq);
+        }
+      } else if (what == 8 && !releasing.empty()) {  // the GPU passes one
+        const uint64_t seq = *releasing.begin();
+        releasing.erase(releasing.begin());
+        h.act(h.s.on_released(seq));
+      } else if (what == 9 && chance(10)) {
+        h.act(h.s.leave());
+        left = true;
+      } else if (what == 10 && chance(5)) {
+        h.say(pr::Finished{1});  // what came before it is still handed out
+      } else if (what == 11) {
+        h.now += 100ms;
+        h.tick(/*producer_alive=*/!chance(2), static_cast<int64_t>(releasing.size()));
+        left = left || h.s.failed();
+      }
+    }
+    // The end: the consumer closes and every tensor dies.
+    h.act(h.s.leave());
+    while (auto m = h.s.failed() ? std::nullopt : h.s.take()) {  // nothing queued is handed out
+      ASSERT_TRUE(std::holds_alternative<pr::Finished>(*m) || std::holds_alternative<pr::EpochEnd>(*m))
+          << "an announcement handed out after leaving";
+    }
+    for (uint64_t seq : held) {
+      h.s.unreferenced(seq);
+      h.act(h.s.on_released(seq));
+    }
+    for (uint64_t seq : releasing) h.act(h.s.on_released(seq));
+    h.tick(true, 0);
+    ASSERT_EQ(h.s.phase(), Session::Phase::Unmapped);
+    h.act(h.s.close());
+    std::multiset<uint64_t> released;
+    for (uint64_t seq : h.released()) released.insert(seq);
+    for (uint64_t seq : valid) EXPECT_EQ(released.count(seq), 1u) << "slot " << seq;
+    EXPECT_EQ(released.size(), valid.size()) << "released a slot it was never given";
+    const std::vector<K> kinds = h.kinds();
+    EXPECT_EQ(std::count(kinds.begin(), kinds.end(), K::Unmapped), 1);
+    EXPECT_LE(std::count(kinds.begin(), kinds.end(), K::Bye), 1);
+  }
 }

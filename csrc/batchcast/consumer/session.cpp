@@ -98,8 +98,12 @@ void Session::accept(protocol::Message& m, SessionActions& out) {
           },
           [&](pr::Announcement& a) {
             if (!ring_) {
-              if (phase_ != Phase::Member && welcome_) release_later(out, a.seq);  // left before the ring came
-              throw MalformedMessage("announcement before the ring");
+              // Left before the ring came: not ours to keep. Once unmapped,
+              // the producer has forgotten this consumer and what it held.
+              if (phase_ == Phase::Leaving && welcome_) release_later(out, a.seq);
+              throw MalformedMessage(phase_ == Phase::Unmapped || phase_ == Phase::Drained
+                                         ? "announcement after unmapping"
+                                         : "announcement before the ring");
             }
             for (const auto& leaf : a.leaves) {
               if (const auto* t = std::get_if<pr::TensorLeaf>(&leaf)) {

@@ -255,6 +255,34 @@ TEST(Membership, AStragglerIsEvictedOnlyWhileTheProducerWaits) {
   EXPECT_EQ(h.seqs("fast").back(), s3);
 }
 
+// The consumer that is behind is evicted, not the one waiting for the next
+// batch while it still holds its last; and while the evicted one has not yet
+// given back what it had queued, nobody else is evicted in its place.
+TEST(Membership, OnlyAConsumerThatIsBehindIsAStraggler) {
+  Harness h(with(8, 0, /*straggler=*/0.5));
+  h.hello("fast", 10);
+  h.hello("slow", 11);
+  h.begin(0);
+  std::vector<uint64_t> sent;
+  for (int i = 0; i < 4; ++i) sent.push_back(h.batch());
+  h.release("fast", {sent[0], sent[1], sent[2]});  // it works on sent[3], the newest
+  h.now += 1s;
+  h.sweep(/*waiting=*/true);
+  ASSERT_EQ(h.of<protocol::Evicted>("slow").size(), 1u);
+  EXPECT_TRUE(h.of<protocol::Evicted>("fast").empty());
+  // The evicted one has not read its eviction yet: its slots are still held.
+  h.now += 5s;
+  h.sweep(/*waiting=*/true);
+  EXPECT_TRUE(h.of<protocol::Evicted>("fast").empty()) << "evicted in the straggler's place";
+  EXPECT_EQ(h.m.counters().evictions, 1);
+  // It gives them back; a consumer that then stops, holding its newest batch
+  // while the producer still waits, is waited for only so long.
+  h.release("slow", sent);
+  h.now += 1s;
+  h.sweep(/*waiting=*/true);
+  EXPECT_EQ(h.of<protocol::Evicted>("fast").size(), 1u);
+}
+
 TEST(Membership, AConsumerKeepingOldBatchesIsNotAStraggler) {
   Harness h(with(8, 0, /*straggler=*/1.0));
   h.hello("keeper", 10);

@@ -399,6 +399,7 @@ void Membership::begin(const std::string& peer, Member& member, const Start& sta
   for (const auto& batch : start.batches) {
     holds_.at(batch->seq).holders.insert(peer);
     member.batches_sent += 1;
+    member.sent_upto = std::max(member.sent_upto, batch->seq);
     send(out, peer, encode_batch(*batch));
   }
   if (start.end) send(out, peer, std::make_shared<const std::string>(protocol::encode(*start.end)));
@@ -524,6 +525,7 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
     if (m.leaving || m.first_epoch > delivered_epoch_) continue;
     hold->second.holders.insert(peer);
     m.batches_sent += 1;
+    m.sent_upto = std::max(m.sent_upto, shared->seq);
     send(out, peer, bytes);
   }
   free_if_unheld(hold, out);
@@ -584,19 +586,36 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   last_sweep_ = now;
   if (!waiting_for_space) return out;
   // The member that has left a batch unreleased the longest, among batches it
-  // has not moved past (those it keeps are within its pin budget): the one
-  // the producer waits for.
-  std::string slowest;
-  Clock::time_point oldest = now;
+  // has not moved past (those it keeps are within its pin budget) and that
+  // are not the newest it was sent: the one the producer waits for. One
+  // holding only its newest batch waits for the producer itself (a trainer
+  // blocked in next() still holds the batch before); it is the one waited
+  // for only when nobody is behind and no leaving member is about to give
+  // slots back (an evicted consumer releases what it queued once it reads
+  // its eviction).
+  std::string slowest, waiting;
+  Clock::time_point oldest = now, waiting_since = now;
+  bool coming_back = false;
   for (const auto& [seq, hold] : holds_) {
-    if (hold.since >= oldest) continue;
     for (const auto& peer : hold.holders) {
       const Member& m = members_.at(peer);
-      if (m.leaving || seq < m.released_upto) continue;
-      slowest = peer;
-      oldest = hold.since;
-      break;
+      if (seq < m.released_upto) continue;
+      if (m.leaving) {
+        coming_back = true;
+      } else if (seq >= m.sent_upto) {
+        if (hold.since < waiting_since) {
+          waiting = peer;
+          waiting_since = hold.since;
+        }
+      } else if (hold.since < oldest) {
+        slowest = peer;
+        oldest = hold.since;
+      }
     }
+  }
+  if (slowest.empty() && !coming_back) {
+    slowest = waiting;
+    oldest = waiting_since;
   }
   if (slowest.empty()) return out;
   members_.at(slowest).stall_seconds += since_last;

@@ -22,7 +22,10 @@
 // - Stragglers: while the producer waits for space, a consumer that has left
 //   a batch unreleased longer than straggler_timeout — one it has not moved
 //   past, so not a batch it keeps — is evicted: it gets nothing more, and
-//   frees what it does not reference.
+//   frees what it does not reference. A consumer holding only the newest
+//   batch it was sent is waiting for the producer, not the other way round:
+//   it is evicted only when nobody else can be waited for (no consumer
+//   behind, none leaving with slots still to give back).
 // - Groups: the ranks of a consumer group (a data-parallel trial) each get
 //   the whole stream and take their own part of it; the group starts when
 //   all its ranks are present (GroupReady: its first epoch), counts as one
@@ -154,6 +157,7 @@ class Membership {
     double stall_seconds = 0;
     int64_t batches_sent = 0;
     uint64_t released_upto = 0;  // highest slot it released: held slots below it are kept
+    uint64_t sent_upto = 0;      // highest slot announced to it: holding only that, it waits for us
     bool leaving = false;
     bool mapped = false;         // was given a GPU ring it has not said it unmapped
     bool unread_ring = false;    // was given the ring and has not said it mapped it

@@ -3,12 +3,31 @@ per epoch and publishes every batch once into shared memory."""
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
+import weakref
 from typing import Any, Iterable, Iterator, cast
 
 from ._core import _C
 from ._device import parse_device
 from ._structure import flatten
+
+_log = logging.getLogger("batchcast")
+# Producers serving from a background thread (start()), stopped before the
+# interpreter exits: a daemon thread still running the loader when it does
+# is ended mid-call (torch's own calls among them abort the process then).
+_serving: "weakref.WeakSet[Producer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_serving_at_exit() -> None:
+    for producer in list(_serving):
+        try:
+            producer.stop(timeout=10.0)
+        except BaseException as exc:  # the loader's error, kept for stop(): nobody is left to raise it to
+            _log.warning("producer '%s' stopped at exit; its loader had raised %s: %s",
+                         producer.name, type(exc).__name__, exc)
 
 
 def _samples_per_epoch(loader: Any) -> int:
@@ -196,6 +215,7 @@ class Producer:
         self._thread = threading.Thread(target=target, name=f"batchcast-producer-{self.name}",
                                         daemon=True)
         self._thread.start()
+        _serving.add(self)
         return self
 
     def _check_open(self) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -409,6 +411,35 @@ def test_bad_consumer_arguments_are_clear_errors(runtime_dir):
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             bc.Consumer("anything", batch_size=bad)
+
+
+ENDS_WHILE_SERVING = """
+import torch, batchcast as bc
+class Loader:
+    def __iter__(self):
+        for start in range(0, 4000, 4):
+            ids = torch.arange(start, start + 4)
+            yield ids, (ids * 10).double()  # torch work in the producer's thread
+producer = bc.Producer(Loader(), "ends", epochs=1, slots=2).start()
+consumer = bc.Consumer("ends", batch_size=4)
+batch = next(iter(consumer))
+print("ending with the producer serving and the consumer open", flush=True)
+"""
+
+
+def test_a_script_that_ends_while_its_background_producer_serves_exits_cleanly(runtime_dir):
+    """A notebook or script that never stops its producer: the interpreter
+    ends the daemon serving thread as it exits, and a thread ended inside a
+    torch or batchcast call used to abort the process ("terminate called
+    without an active exception", exit status 134). The producer is stopped
+    before that (atexit) and batchcast's calls let such a thread end."""
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "-c", ENDS_WHILE_SERVING], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert "ending with the producer serving" in run.stdout
+        assert "terminate" not in run.stderr, run.stderr
+    assert list(runtime_dir.iterdir()) == []
 
 
 def test_loader_errors_reach_a_background_producer_and_its_consumers(runtime_dir):

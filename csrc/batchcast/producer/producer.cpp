@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cxxabi.h>
+
 #include <ATen/ATen.h>
 
 #include "batchcast/common/error.h"
@@ -253,6 +255,8 @@ std::exception_ptr Producer::await_consumers(const std::function<std::vector<int
       lock.unlock();
       try {
         options_.interrupt();
+      } catch (abi::__forced_unwind&) {
+        throw;  // the thread is being ended (pthread_exit): never swallowed
       } catch (...) {
         return std::current_exception();
       }

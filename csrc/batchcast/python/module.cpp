@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cxxabi.h>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -269,6 +270,32 @@ Options with_hooks(Options options, const std::shared_ptr<ReportQueue>& reports)
   return options;
 }
 
+// Runs `call` with the GIL released. Not a scoped guard, on purpose: taking
+// the GIL back can end this thread (a daemon thread while the interpreter
+// exits: CPython ends it with pthread_exit, which unwinds its stack), and an
+// unwinding that starts in a destructor is std::terminate: the process
+// would abort at exit ("terminate called without an active exception").
+// From here the thread ends quietly.
+template <typename Call>
+auto without_gil(Call call) -> decltype(call()) {
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    if constexpr (std::is_void_v<decltype(call())>) {
+      call();
+      PyEval_RestoreThread(state);
+    } else {
+      auto result = call();
+      PyEval_RestoreThread(state);
+      return result;
+    }
+  } catch (abi::__forced_unwind&) {
+    throw;  // the thread is being ended (by the interrupt hook, or just above): let it
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+}
+
 // Runs `call` on the core with the GIL released, then hands queued reports
 // to Python (with the GIL).
 template <typename Core, typename Call>
@@ -276,19 +303,12 @@ auto released(Bound<Core>& b, Call call) {
   if (!b.core) throw std::runtime_error("this batchcast object is closed");
   using Result = decltype(call(*b.core));
   if constexpr (std::is_void_v<Result>) {
-    {
-      py::gil_scoped_release release;
-      call(*b.core);
-    }
+    without_gil([&] { call(*b.core); });
     b.reports->flush();
   } else {
-    std::optional<Result> result;
-    {
-      py::gil_scoped_release release;
-      result.emplace(call(*b.core));
-    }
+    Result result = without_gil([&] { return call(*b.core); });
     b.reports->flush();
-    return std::move(*result);
+    return result;
   }
 }
 
@@ -434,10 +454,7 @@ PYBIND11_MODULE(_C, m) {
              o.resume_epoch = resume_epoch;
              o.resume_position = resume_position;
              ConsumerOptions options = with_hooks(std::move(o), b->reports);
-             {
-               py::gil_scoped_release release;
-               b->core = std::make_unique<Consumer>(std::move(options));
-             }
+             without_gil([&] { b->core = std::make_unique<Consumer>(std::move(options)); });
              b->reports->flush();
              return b;
            }),

@@ -485,7 +485,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
       .def("position", [](BoundConsumer& b) { return b.core->position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")
-      .def("stats", [](BoundConsumer& b) { return to_dict(b.core->stats()); });
+      .def("stats",
+           [](BoundConsumer& b) {
+             py::dict d = to_dict(b.core->stats());
+             b.reports->flush();  // what the consumer's threads reported since the last call
+             return d;
+           });
 
   check_bound<ProducerOptions>("Producer", m.attr("Producer"));
   check_bound<ConsumerOptions>("Consumer", m.attr("Consumer"));

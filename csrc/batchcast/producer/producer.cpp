@@ -527,8 +527,11 @@ void Producer::serve_until_quit() {
       Actions actions;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        // Slots that just went back may not have reached the waiting
+        // publish yet: it is not waiting on anyone until it has tried them.
         actions = membership_.on_sweep([](int64_t pid) { return process_alive(pid); },
-                                       waiting_for_space_, last_sweep);
+                                       waiting_for_space_ && !freed_since_sweep_, last_sweep);
+        freed_since_sweep_ = false;
       }
       apply(std::move(actions));
     }
@@ -558,6 +561,7 @@ void Producer::apply(Actions actions) {
     transport::try_send(router_, {send.peer, *send.bytes});
   }
   if (!actions.freed.empty()) {
+    freed_since_sweep_ = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (uint64_t seq : actions.freed) ring_->release(seq);

@@ -252,6 +252,7 @@ class Producer {
   void serve_until_quit();
   Actions deliver(StreamItem& item);  // under mu_
   void apply(Actions actions);        // sends; then, under mu_, frees slots
+  bool freed_since_sweep_ = false;    // I/O thread: slots went back since the last sweep
   void tell(const Report& report) const;
   std::string status_json() const;  // what a StatusRequest gets
 

@@ -122,7 +122,7 @@ crt_wheel=$(ls .device/wheels/nvidia_cuda_crt-"$torch_cuda".*.whl 2> /dev/null |
 if [ -n "$torch_cuda" ] && [ -n "$crt_wheel" ]; then
   rm -rf "$BUILD/cuda-crt" && mkdir -p "$BUILD/cuda-crt"
   "$PY" -m zipfile -e "$crt_wheel" "$BUILD/cuda-crt"
-  crt=$(dirname "$(dirname "$(find "$PWD/$BUILD/cuda-crt" -path '*/crt/host_defines.h' | head -1)")")
+  crt=$(dirname "$(dirname "$(find "$PWD/$BUILD/cuda-crt" -path '*/crt/host_defines.h' -print -quit)")")
   [ "$crt" != . ] && cmake_args+=(-DBATCHCAST_CUDA_CRT_INCLUDE_DIR="$crt")
 fi
 configure() {

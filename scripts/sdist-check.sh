@@ -58,7 +58,7 @@ grep -q "pip install --no-build-isolation batchcast" "$tmp/isolated.log" || {
 [ "$took" -lt 60 ] || fail "pip took $took s to stop"
 torches=$("$V" -m pip list 2>/dev/null | grep -ciE '^torch ' || true)
 [ "$torches" = 1 ] || fail "the venv has $torches torch distributions"
-echo "   stopped in $took s: $(grep -o 'torch is not installed in the Python that builds batchcast[^.]*' "$tmp/isolated.log" | head -1)"
+echo "   stopped in $took s: $(grep -o 'torch is not installed in the Python that builds batchcast[^.]*' "$tmp/isolated.log" | sed -n 1p)"
 echo "   ... names: pip install --no-build-isolation batchcast; the venv still has torch $torch_version alone"
 
 echo "== 3. pip install --no-build-isolation the sdist"

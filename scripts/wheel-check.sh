@@ -22,6 +22,9 @@
 # build/ (BATCHCAST_OLDROOT, BATCHCAST_WHEEL_BUILD_DIR name others), so a
 # second run compiles only what changed; the venv in $TMPDIR is removed.
 set -euo pipefail
+# Under pipefail a reader that stops early (head, awk's exit) can fail the
+# pipeline with SIGPIPE (status 141) when the writer is not done: readers
+# here read everything (sed -n 1p, awk with a flag).
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
@@ -55,7 +58,7 @@ PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 echo "== 1. the wheel, built in the older root against torch $torch_version (build folder $BUILD_DIR)"
 start=$SECONDS
 quiet bash scripts/oldroot.sh "$OLDROOT"
-echo "   older root $OLDROOT: $(chroot "$OLDROOT" ldd --version | head -1), $(chroot "$OLDROOT" g++ --version | head -1), libzmq $(grep -m1 '^Version:' "$OLDROOT/opt/zmq/lib/pkgconfig/libzmq.pc" | cut -d' ' -f2) static"
+echo "   older root $OLDROOT: $(chroot "$OLDROOT" ldd --version | sed -n 1p), $(chroot "$OLDROOT" g++ --version | sed -n 1p), libzmq $(grep -m1 '^Version:' "$OLDROOT/opt/zmq/lib/pkgconfig/libzmq.pc" | cut -d' ' -f2) static"
 quiet bash scripts/oldroot-wheel.sh "$OLDROOT" "$tmp/raw" "$BUILD_DIR"
 raw=$(ls "$tmp"/raw/batchcast-*.whl)
 echo "   $(basename "$raw") in $((SECONDS - start)) s"
@@ -132,8 +135,8 @@ done < <(/sbin/ldconfig -p | awk '$1 == "libzmq.so.5" { print $NF }')
 mapfile -t hide < <(printf '%s\n' "${hide[@]}" | sort -u | sed '/^$/d')
 swap=()
 for soname in libstdc++.so.6 libgcc_s.so.1; do
-  here=$(/sbin/ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ { print $NF; exit }')
-  old=$(ls "$OLDROOT"/usr/lib/x86_64-linux-gnu/"$soname" "$OLDROOT"/lib/x86_64-linux-gnu/"$soname" 2>/dev/null | head -1)
+  here=$(/sbin/ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ && !found { print $NF; found = 1 }')
+  old=$(ls "$OLDROOT"/usr/lib/x86_64-linux-gnu/"$soname" "$OLDROOT"/lib/x86_64-linux-gnu/"$soname" 2>/dev/null | sed -n 1p)
   [ -n "$here" ] && [ -n "$old" ] || fail "no $soname here ($here) or in the older root ($old)"
   swap+=("$(readlink -f "$old")=$(readlink -f "$here")")
 done
@@ -216,7 +219,7 @@ if "$V" -c 'import ctypes; ctypes.CDLL("libzmq.so.5")' 2>/dev/null; then
   exit 1
 fi
 echo "   control: no libzmq.so.5 loads"
-stdcxx=$(/sbin/ldconfig -p | awk '$1 == "libstdc++.so.6" && /x86-64/ { print $NF; exit }')
+stdcxx=$(/sbin/ldconfig -p | awk '$1 == "libstdc++.so.6" && /x86-64/ && !found { print $NF; found = 1 }')
 newest=$(grep -ao 'GLIBCXX_3\.4\.[0-9]*' "$stdcxx" | sort -t. -k3 -n | tail -1)
 echo "   control: the libstdc++ that loads provides up to $newest"
 for so in "$site"/batchcast/_C*.so "$site"/batchcast/_status*.so; do

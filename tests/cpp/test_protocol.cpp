@@ -97,6 +97,7 @@ TEST(Protocol, EveryKindRoundTrips) {
                               Mapped{},
                               GroupReady{3, Resume::Exact, 4480},
                               GroupBroken{2, "rank 1 exited"},
+                              MailboxReady{7, 1u << 20, 1u << 19, 1u << 18, 8, 10},
                               group_hello()};
   ASSERT_EQ(all.size(), std::variant_size_v<Message> + 2);  // RingReady and Hello twice
   for (const auto& m : all) {
@@ -114,12 +115,13 @@ TEST(Protocol, KindNumbersAndNamesComeFromOneList) {
       {EpochEnd{}, 5},       {LoaderFailed{}, 6},  {Finished{}, 7},   {Heartbeat{}, 8},
       {Release{}, 9},        {Bye{}, 10},          {RingReady{Ring{5, 8192, {}, {}, {}}}, 11},
       {protocol::Evicted{}, 12}, {Unmapped{}, 13}, {StatusRequest{}, 14},
-      {protocol::Status{}, 15}, {Mapped{}, 16},    {GroupReady{}, 17}, {GroupBroken{}, 18}};
+      {protocol::Status{}, 15}, {Mapped{}, 16},    {GroupReady{}, 17}, {GroupBroken{}, 18},
+      {MailboxReady{3, 4096, 1024, 1024, 4, 5}, 19}};
   ASSERT_EQ(wire.size(), std::variant_size_v<Message>);
   const char* names[] = {"Hello",     "Welcome",  "Refuse",        "Announcement", "EpochEnd",
                          "LoaderFailed", "Finished", "Heartbeat", "Release",      "Bye",
                          "RingReady", "Evicted",  "Unmapped",      "StatusRequest", "Status",
-                         "Mapped",    "GroupReady", "GroupBroken"};
+                         "Mapped",    "GroupReady", "GroupBroken", "MailboxReady"};
   for (std::size_t i = 0; i < wire.size(); ++i) {
     const auto& [m, number] = wire[i];
     std::string bytes = encode(m);
@@ -131,10 +133,10 @@ TEST(Protocol, KindNumbersAndNamesComeFromOneList) {
     EXPECT_STREQ(kind_name(static_cast<Kind>(number)), names[i]);
   }
   EXPECT_STREQ(kind_name(Kind::None), "unknown");
-  EXPECT_STREQ(kind_name(static_cast<Kind>(19)), "unknown");
+  EXPECT_STREQ(kind_name(static_cast<Kind>(20)), "unknown");
   static_assert(kind_of<GroupBroken>() == Kind::GroupBroken);
   // Kinds no list has are refused, by number.
-  for (uint16_t unknown : {uint16_t{0}, uint16_t{19}, uint16_t{0xffff}}) {
+  for (uint16_t unknown : {uint16_t{0}, uint16_t{20}, uint16_t{0xffff}}) {
     std::string bytes = encode(Heartbeat{});
     std::memcpy(bytes.data() + 6, &unknown, sizeof unknown);
     try {
@@ -149,7 +151,8 @@ TEST(Protocol, KindNumbersAndNamesComeFromOneList) {
 TEST(Protocol, EveryTruncationIsRejected) {
   std::vector<Message> all = {Hello{1234, 0}, group_hello(), host_welcome(), RingReady{gpu_ring(3)},
                               sample_announcement(), Release{{1, 2, 3}}, EpochEnd{1, 2, 3},
-                              GroupReady{1, Resume::NextPass, 8}, GroupBroken{0, "gone"}};
+                              GroupReady{1, Resume::NextPass, 8}, GroupBroken{0, "gone"},
+                              MailboxReady{3, 4096, 1024, 1024, 4, 5}};
   for (const auto& m : all) {
     auto bytes = encode(m);
     for (std::size_t n = 0; n < bytes.size(); ++n) {

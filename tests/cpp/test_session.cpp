@@ -62,6 +62,7 @@ struct Harness {
   Session s;
   std::vector<pr::Message> sent;
   int maps = 0;
+  int mailboxes = 0;
   int unmaps = 0;
   bool news = false;
   int32_t ring_events = 0;
@@ -69,6 +70,7 @@ struct Harness {
 
   void act(SessionActions a) {
     news = news || a.news;
+    if (a.mailbox) mailboxes += 1;
     if (a.map) {
       maps += 1;
       SessionActions more = s.on_mapped(RingExtent{a.map->bytes, ring_events});
@@ -134,6 +136,35 @@ TEST(Session, SaysHelloThenMapsTheRingItIsWelcomedTo) {
   EXPECT_EQ(h.maps, 1);
   EXPECT_EQ(h.kinds(), (std::vector<K>{K::Hello, K::Mapped}));
   EXPECT_FALSE(h.s.take().has_value());
+}
+
+// The mailbox comes once, after the Welcome; the messages that come through
+// it are the same messages, validated the same way.
+TEST(Session, OpensTheMailboxItIsGivenOnceAfterTheWelcome) {
+  const pr::MailboxReady ready{5, 4096 + 2048, 1024, 1024, 6, 7};
+  Harness h;
+  h.say(ready);  // before the Welcome: dropped
+  EXPECT_EQ(h.mailboxes, 0);
+  EXPECT_EQ(h.s.dropped(), 1);
+  h.welcome();
+  h.say(ready);
+  EXPECT_EQ(h.mailboxes, 1);
+  h.say(ready);  // a second one: dropped
+  EXPECT_EQ(h.mailboxes, 1);
+  EXPECT_EQ(h.s.dropped(), 2);
+  h.say(batch(3));
+  EXPECT_EQ(h.taken_seq(), 3u);
+}
+
+TEST(Session, AMailboxGivenAfterLeavingIsStillOpened) {
+  // What the producer sent through it before it heard the Bye is released.
+  Harness h;
+  h.welcome();
+  h.act(h.s.leave());
+  h.say(pr::MailboxReady{5, 4096 + 2048, 1024, 1024, 6, 7});
+  EXPECT_EQ(h.mailboxes, 1);
+  h.say(batch(4));
+  EXPECT_EQ(h.released(), (std::vector<uint64_t>{4}));
 }
 
 TEST(Session, HandsOutBatchesAndEpochEndsInOrder) {

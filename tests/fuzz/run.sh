@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the decoder fuzz target with clang's libFuzzer (+ASan/UBSan) and runs
-# it for a bounded time: `bash tests/fuzz/run.sh [seconds]` (default 30).
+# Builds the fuzz targets with clang's libFuzzer (+ASan/UBSan) and runs each
+# for a bounded time: `bash tests/fuzz/run.sh [seconds]` (default 30): the
+# message decoder, then a mailbox queue's reader (and its frames' decoding).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-30}
@@ -13,7 +14,7 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 python3 - "$out/corpus" <<'PY'
 import struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-VERSION = 4  # protocol::kVersion
+VERSION = 6  # protocol::kVersion
 head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
 host_ring = struct.pack("<iQB", 5, 4096, 0)
@@ -38,8 +39,29 @@ seeds = {
     "status-request": head(14),
     "status": head(15) + text(b'{"name":"x"}'),
     "mapped": head(16),
+    "group-ready": head(17) + struct.pack("<qBq", 1, 1, 64),
+    "group-broken": head(18) + struct.pack("<q", 1) + text(b"rank 1 left"),
+    "mailbox": head(19) + struct.pack("<iQQQii", 7, 4096 + 2048, 1024, 1024, 8, 9),
 }
 for k, v in seeds.items():
     (d / k).write_bytes(v)
 PY
 "$out/fuzz_decode" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$out/corpus" 2>&1 | tail -n 12
+# The mailbox reader, seeded with queues of valid records (indices, then bytes).
+mkdir -p "$out/mailbox-corpus"
+clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -Icsrc tests/fuzz/fuzz_mailbox.cpp csrc/batchcast/mailbox/frame_queue.cpp \
+  csrc/batchcast/protocol/message.cpp -o "$out/fuzz_mailbox"
+python3 - "$out/mailbox-corpus" "$out/corpus" <<'PY'
+import struct, sys, pathlib
+out, messages = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+FRAME, MARKER, PADDING = 0x46524d31, 0x4d524b31, 0x50414431
+def record(kind, body=b""):
+    return struct.pack("<II", len(body), kind) + body + b"\0" * (-len(body) % 8)
+for i, m in enumerate(sorted(messages.iterdir())[:24]):
+    body = m.read_bytes()
+    q = record(FRAME, body) + record(MARKER) + record(FRAME, body)
+    q += record(PADDING, b"\0" * 8)
+    (out / f"queue-{i}").write_bytes(struct.pack("<QQ", len(q), 0) + q + b"\0" * 64)
+PY
+"$out/fuzz_mailbox" -max_total_time="$seconds" -max_len=4200 -print_final_stats=1 "$out/mailbox-corpus" 2>&1 | tail -n 12

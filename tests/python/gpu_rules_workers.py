@@ -271,20 +271,25 @@ def consume(args: argparse.Namespace) -> None:
     if args.hold_until:
         touch(args.holding)
         wait_for_file(args.hold_until, args.timeout)
-    kept.clear()
-    consumer.close()
-    context_check("close()")
     if args.fresh_thread:
-        # Another thread of the same process: batchcast leaves it as it found it too.
+        # Another thread of the same process joins (and maps the ring) while
+        # the producer, which has served everything, waits for this consumer
+        # to let go: batchcast leaves that thread as it found it too.
         def second() -> None:
             before = current_context()
-            c = bc.Consumer(args.name, timeout=args.timeout)
-            c.close()
+            try:
+                c = bc.Consumer(args.name, timeout=args.timeout)
+                c.close()
+            except Exception as exc:
+                result["error"] = f"fresh thread: {type(exc).__name__}: {exc}"
             if current_context() != before:
                 result["contexts"].append(f"fresh thread: {before} -> {current_context()}")
         t = threading.Thread(target=second)
         t.start()
         t.join()
+    kept.clear()
+    consumer.close()
+    context_check("close()")
     with open(args.out, "w") as f:
         json.dump(result, f)
 

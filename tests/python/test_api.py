@@ -105,6 +105,38 @@ def test_nested_structures_scalars_and_lists_round_trip(runtime_dir):
     assert b["scale"].item() == 0.5 and b["scale"].dim() == 0
 
 
+def test_announcements_too_large_for_the_mailbox_come_over_the_socket_in_their_place(runtime_dir):
+    # Announcements and releases go through the consumer's mailbox in shared
+    # memory; one that does not fit there (here: 300 KB of file names) comes
+    # over the socket, and still in its place in the stream.
+    def loader():
+        for k in range(12):
+            ids = torch.arange(8 * k, 8 * k + 8)
+            width = 40_000 if k % 3 == 1 else 4
+            yield ids, [f"{i}".rjust(width, "-") for i in ids.tolist()]
+
+    class Loader:
+        def __iter__(self):
+            return loader()
+
+    with bc.Producer(Loader(), "spill", epochs=2, slots=4) as producer:
+        consumer = bc.Consumer("spill", batch_size=5, timeout=10)
+        for _ in range(2):
+            ids, names = [], []
+            for i, n in consumer:
+                ids += i.tolist()
+                names += n
+            assert ids == list(range(96))
+            assert [int(n.lstrip("-")) for n in names] == ids
+            assert [len(n) for n in names] == [40_000 if i // 8 % 3 == 1 else 4 for i in ids]
+        stats = consumer.stats()
+        assert stats["mailbox"] and stats["dropped_messages"] == 0, stats
+        consumer.close()
+        # Sent before the consumer could take them: counted by now.
+        assert producer.stats()["messages_over_socket"] == 2 * 4
+    assert producer.error is None
+
+
 def test_strided_conjugate_and_negative_views_arrive_as_their_values(runtime_dir):
     # The producer copies a plain contiguous tensor with one memcpy; anything
     # else (strides, offsets, lazy conjugate/negative bits) must arrive as the

@@ -130,8 +130,20 @@ protocol::Message Channel::take() {
       if (auto m = session_.take()) return std::move(*m);
     }
     interrupt_check(last_interrupt);
-    transport::wait_readable({socket_fd_, wakeup_.fd()}, kTick);
+    int bell = -1;
+    {
+      std::lock_guard<std::mutex> socket(socket_mu_);
+      if (mailbox_) {
+        if (!mailbox_->consumer_sleeps()) continue;  // something came meanwhile
+        bell = mailbox_->consumer_bell();
+      }
+    }
+    transport::wait_readable({socket_fd_, wakeup_.fd(), bell}, kTick);
     wakeup_.drain();
+    if (bell >= 0) {
+      std::lock_guard<std::mutex> socket(socket_mu_);
+      mailbox_->consumer_woke();
+    }
   }
 }
 
@@ -194,8 +206,17 @@ void Channel::released(uint64_t seq) noexcept {
   flush();
 }
 
-// Under mu_.
+// Under mu_ (and socket_mu_ when a message is handled: only then can it
+// ask for the mailbox).
 void Channel::act(SessionActions a) {
+  if (a.mailbox) {
+    try {
+      mailbox_ = Mailbox::open(*a.mailbox, session_.welcome()->producer_pid);
+    } catch (...) {  // SystemError, MalformedMessage
+      a.merge(session_.on_failed(std::current_exception()));
+    }
+    a.mailbox.reset();
+  }
   if (a.map) {
     SessionActions next;
     try {
@@ -249,7 +270,16 @@ void Channel::send_outbox() {
     out.swap(outbox_);
   }
   if (out.empty()) return;
-  for (const auto& m : out) transport::try_send(dealer_, {protocol::encode(m)});
+  for (const auto& m : out) {
+    const std::string bytes = protocol::encode(m);
+    // Releases through the mailbox (one too large for it: the socket; the
+    // producer reads the mailbox before any socket message from here).
+    if (mailbox_ && std::holds_alternative<protocol::Release>(m) &&
+        mailbox_->send(bytes) == FrameQueue::Push::Done) {
+      continue;
+    }
+    transport::try_send(dealer_, {bytes});
+  }
   // A send may consume the socket's pending read signal: if something can
   // be received now, make sure a waiting trainer looks.
   if (transport::readable(dealer_)) wakeup_.notify();
@@ -259,11 +289,50 @@ void Channel::pump() {
   std::lock_guard<std::mutex> socket(socket_mu_);
   std::vector<zmq::message_t> frames;
   while (transport::try_receive(dealer_, frames)) {
+    if (mailbox_) {
+      // Once there is a mailbox, the socket carries only the messages too
+      // large for it: each takes its place where its marker is.
+      spilled_.push_back(frames.size() == 1 ? frames[0].to_string() : std::string());
+      continue;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     act(frames.size() == 1 ? session_.on_message(frames[0].data(), frames[0].size())
                            : session_.on_malformed());
   }
+  read_mailbox();
   send_outbox();
+}
+
+// Under socket_mu_.
+void Channel::read_mailbox() {
+  if (!mailbox_) return;
+  bool took = false;
+  while (true) {
+    if (markers_ > 0) {
+      if (spilled_.empty()) break;  // still on its way over the socket
+      std::string m = std::move(spilled_.front());
+      spilled_.pop_front();
+      markers_ -= 1;
+      on_frame(m);
+      continue;
+    }
+    const auto r = mailbox_->receive(frame_);
+    if (r == FrameQueue::Pop::Empty) break;
+    took = true;
+    if (r == FrameQueue::Pop::Marker) {
+      markers_ += 1;
+    } else {
+      on_frame(frame_);
+    }
+  }
+  mailbox_dropped_.store(mailbox_->dropped(), std::memory_order_relaxed);
+  if (took) mailbox_->made_room();  // the producer may wait for it
+}
+
+// Under socket_mu_.
+void Channel::on_frame(const std::string& frame) {
+  std::lock_guard<std::mutex> lock(mu_);
+  act(frame.empty() ? session_.on_malformed() : session_.on_message(frame.data(), frame.size()));
 }
 
 // Under mu_.
@@ -350,7 +419,8 @@ ChannelStats Channel::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ChannelStats s;
   s.received = session_.received();
-  s.dropped_messages = session_.dropped();
+  s.dropped_messages = session_.dropped() + mailbox_dropped_.load(std::memory_order_relaxed);
+  s.mailbox = mailbox_ != nullptr;
   s.slots_held = session_.slots_held();
   s.ipc_memory_opens = memory_opens_;
   s.ipc_event_opens = event_opens_;

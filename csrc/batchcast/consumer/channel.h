@@ -1,11 +1,13 @@
-// A consumer's connection to its producer: one DEALER socket, the ring mapped
-// once, the messages waiting to be taken, and the slots this process still
-// references. Tensors keep the channel (and so the mapping) alive through
+// A consumer's connection to its producer: one DEALER socket, the mailbox
+// (mailbox/mailbox.h: announcements in, releases out, through shared memory),
+// the ring mapped once, the messages waiting to be taken, and the slots this
+// process still references. Tensors keep the channel (and so the mapping) alive through
 // their release tokens.
 //
 // Threads. The trainer's thread does the work of a batch itself: take()
-// drains the socket and a tensor's deleter sends its Release, so the common
-// case (a batch already announced) involves no hand-off between threads. A
+// reads the mailbox and a tensor's deleter puts its Release there, so the
+// common case (a batch already announced) involves no hand-off between
+// threads and no system call; take() sleeps only when nothing is there. A
 // watchdog thread does what nobody else is there to do while the trainer is
 // away: take in messages, notice the producer's process is gone, let go of
 // the ring once nothing references it. While this consumer is a member and
@@ -20,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -34,6 +37,7 @@
 
 #include "batchcast/common/endpoint.h"
 #include "batchcast/consumer/mapped_ring.h"
+#include "batchcast/mailbox/mailbox.h"
 #include "batchcast/consumer/rebatcher.h"
 #include "batchcast/consumer/session.h"
 #include "batchcast/protocol/message.h"
@@ -57,8 +61,9 @@ struct ChannelOptions {
 
 struct ChannelStats {
   int64_t received = 0;         // announcements received
-  int64_t dropped_messages = 0;
+  int64_t dropped_messages = 0;  // malformed messages and mailbox records
   int64_t slots_held = 0;       // slots referenced by this process
+  bool mailbox = false;         // batches come through the mailbox
   int64_t ipc_memory_opens = 0;  // over the channel's life
   int64_t ipc_event_opens = 0;
   uint64_t ring_address = 0;    // where the ring is mapped here (0: not, or no longer, mapped)
@@ -107,7 +112,9 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
  private:
   explicit Channel(ChannelOptions options);
   void watch();                         // the watchdog thread
-  void pump();                          // takes in what the socket has; sends what is queued
+  void pump();                          // takes in what the socket and the mailbox have; sends what is queued
+  void read_mailbox();                  // under socket_mu_
+  void on_frame(const std::string& frame);  // under socket_mu_: a message, in the producer's order
   void act(SessionActions actions);     // under mu_: maps, queues sends, wakes (never unmaps)
   void tick();                          // the session's periodic rules; unmaps once drained
   std::chrono::milliseconds watch_period() const;  // under mu_: how long the watchdog may sleep
@@ -126,6 +133,13 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   zmq::socket_t dealer_;
   int socket_fd_ = -1;  // ZMQ_FD: readable when the socket may have news
   Wakeup wakeup_;       // wakes a trainer blocked in take()
+  // Under socket_mu_ (set once, also under mu_): the mailbox, and the
+  // messages that came over the socket instead, waiting for their markers.
+  std::unique_ptr<Mailbox> mailbox_;
+  std::deque<std::string> spilled_;
+  int64_t markers_ = 0;         // markers met whose message has not come yet
+  std::string frame_;           // the frame being read
+  std::atomic<int64_t> mailbox_dropped_{0};
   Wakeup watch_wakeup_;
 
   mutable std::mutex mu_;

@@ -355,6 +355,7 @@ ConsumerStats Consumer::stats() const {
   s.slots_pinned = std::max<int64_t>(0, pinned_beyond(0));
   s.pin_budget = pin_budget_;
   s.dropped_messages = c.dropped_messages;
+  s.mailbox = c.mailbox;
   s.device = device_.str();
   static constexpr const char* kTransfers[] = {"shared-memory", "view", "peer", "host-staged",
                                                "device-to-host"};

@@ -92,7 +92,10 @@ struct ConsumerStats {
   int64_t slots_held = 0;       // ring slots this process still references
   int64_t slots_pinned = 0;     // of those, slots of batches kept beyond the current one
   int32_t pin_budget = 0;       // slots it may pin before taking private copies
-  int64_t dropped_messages = 0; // malformed or unexpected messages ignored
+  int64_t dropped_messages = 0; // malformed or unexpected messages (or mailbox records) ignored
+  // Whether announcements and releases go through the mailbox in shared
+  // memory (false: over the socket; the producer could not give one).
+  bool mailbox = false;
   std::string device;           // where batches are handed out: "cpu", "cuda:N"
   // How loader batches get there: "shared-memory" (host views), "view" (GPU
   // views, zero copies), "peer" (one GPU-to-GPU copy), "host-staged" (one copy
@@ -123,6 +126,7 @@ struct ConsumerStats {
     v("slots_pinned", slots_pinned);
     v("pin_budget", pin_budget);
     v("dropped_messages", dropped_messages);
+    v("mailbox", mailbox);
     v("device", device);
     v("transfer", transfer);
     v("ipc_memory_opens", ipc_memory_opens);

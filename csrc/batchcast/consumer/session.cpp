@@ -8,6 +8,7 @@ namespace batchcast {
 
 void SessionActions::merge(SessionActions other) {
   if (other.map) map = std::move(other.map);
+  if (other.mailbox) mailbox = std::move(other.mailbox);
   unmap = unmap || other.unmap;
   for (auto& m : other.sends) sends.push_back(std::move(m));
   news = news || other.news;
@@ -121,6 +122,13 @@ void Session::accept(protocol::Message& m, SessionActions& out) {
               return;
             }
             inbox_.push_back(std::move(m));
+          },
+          [&](pr::MailboxReady& ready) {
+            needs_welcome("mailbox");
+            if (mailbox_given_) throw MalformedMessage("second mailbox");
+            mailbox_given_ = true;
+            // Opened even when leaving: what was sent through it is released.
+            if (phase_ != Phase::Drained && phase_ != Phase::Unmapped) out.mailbox = ready;
           },
           [&](pr::Heartbeat&) {},
           [&](pr::GroupReady&) { queue_group_message(m); },

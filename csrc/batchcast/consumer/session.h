@@ -20,7 +20,7 @@
 //
 // The rules:
 // - Every message is validated: a kind a consumer never receives, a second
-//   Welcome, anything but Refuse before the Welcome, an announcement before
+//   Welcome or mailbox, anything but Refuse before the Welcome, an announcement before
 //   the ring is mapped, a tensor outside the ring or a slot event the ring
 //   does not have is dropped and counted, never trusted.
 // - What arrives after the consumer started leaving is not handed out; an
@@ -63,6 +63,9 @@ struct RingExtent {
 struct SessionActions {
   // Map this ring now, then report on_mapped() or on_failed().
   std::optional<protocol::Ring> map;
+  // Open this mailbox now (every later message comes through it, and the
+  // releases go back through it); on failure report on_failed().
+  std::optional<protocol::MailboxReady> mailbox;
   // Close the mapping now (nothing references it), then report on_unmapped().
   bool unmap = false;
   // To the producer, in order, after the mapping is done.
@@ -145,6 +148,7 @@ class Session {
   Phase phase_ = Phase::Joining;
   std::optional<protocol::Welcome> welcome_;
   std::optional<RingExtent> ring_;  // mapped
+  bool mailbox_given_ = false;
   std::deque<protocol::Message> inbox_;
   std::set<uint64_t> referenced_;
   std::set<uint64_t> releasing_;

@@ -195,6 +195,7 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
           [&](pr::Status& x) { dropped(x); },
           [&](pr::GroupReady& x) { dropped(x); },
           [&](pr::GroupBroken& x) { dropped(x); },
+          [&](pr::MailboxReady& x) { dropped(x); },
       },
       msg);
   return out;
@@ -251,6 +252,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.resume_position = start.position;
   w.loader = options_.loader;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
+  out.sends.back().welcome = true;
   if (group == 0) {
     begin(peer, member, start, out);  // what it resumes or catches up on, even from a finished producer
   } else if (!finished_ && groups_.at(group).ranks.size() == static_cast<std::size_t>(hello.world_size)) {

@@ -99,6 +99,7 @@ struct Actions {
   struct Send {
     std::string peer;
     std::shared_ptr<const std::string> bytes;
+    bool welcome = false;  // the peer's Welcome: what follows may take another way
   };
   std::vector<Send> sends;
   std::vector<uint64_t> freed;  // slots nobody holds any more
@@ -134,6 +135,8 @@ class Membership {
   // A message that is not even two frames (a peer id and a body).
   Actions on_malformed();
 
+  // Whether `peer` is a member (not forgotten yet).
+  bool knows(const std::string& peer) const { return members_.count(peer) != 0; }
   // Consumers that have not said goodbye; a complete group counts once, a
   // forming one not at all.
   int64_t active() const;

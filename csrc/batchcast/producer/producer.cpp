@@ -1,8 +1,12 @@
 #include "batchcast/producer/producer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cxxabi.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <ATen/ATen.h>
 
@@ -60,6 +64,10 @@ Producer::Producer(ProducerOptions options)
   router_.set(zmq::sockopt::rcvhwm, 0);
   router_.set(zmq::sockopt::linger, 2000);
   router_.bind(endpoint_);
+  int bell[2];
+  if (::pipe2(bell, O_NONBLOCK | O_CLOEXEC) != 0) throw SystemError("pipe for the producer's bell", errno);
+  bell_read_ = Fd(bell[0]);
+  bell_ = Fd(bell[1]);
   stats_.ring_device = ring_->device();
   stats_.name = options_.name;
   stats_.pid = ::getpid();
@@ -324,9 +332,16 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
   const auto wait_start = Clock::now();
   waiting_for_space_ = true;
   waiting_since_ = wait_start;
+  bool told = false;
   try {
     wait(lock, space_, -1, [&] {
       if (!slot && phase_ == Phase::Serving) slot = ring_->try_reserve(layout.bytes, layout.align);
+      if (!slot && !told) {
+        // Releases wait in the mailboxes until the I/O thread looks: from
+        // now on it asks the consumers to ring it.
+        told = true;
+        wakeup_.notify();
+      }
       return slot.has_value() || phase_ != Phase::Serving;
     });
   } catch (...) {
@@ -468,6 +483,7 @@ ProducerStats Producer::stats() const {
   s.groups_broken = c.groups_broken;
   s.resumed = c.resumed;
   s.resumed_next_pass = c.resumed_next_pass;
+  s.messages_over_socket = over_socket_.load();
   if (ring_) {
     s.slots_in_use = ring_->slots_in_use();
     s.direct_copies = ring_->direct_copies();
@@ -493,21 +509,31 @@ void Producer::serve() {
 
 void Producer::serve_until_quit() {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, wakeup_.fd(), ZMQ_POLLIN, 0}};
+                             {nullptr, wakeup_.fd(), ZMQ_POLLIN, 0},
+                             {nullptr, bell_read_.get(), ZMQ_POLLIN, 0}};
   auto last_sweep = Clock::now();
   std::vector<zmq::message_t> frames;  // [peer routing id, body]
   while (true) {
-    transport::poll(items, 2, kSweepPeriod);
+    const bool sleep = sleep_ready();
+    transport::poll(items, 3, sleep ? kSweepPeriod : std::chrono::milliseconds(0));
     if (items[1].revents & ZMQ_POLLIN) wakeup_.drain();
+    if (items[2].revents & ZMQ_POLLIN) {
+      char buf[256];
+      while (::read(bell_read_.get(), buf, sizeof buf) > 0) {
+      }
+    }
+    collect_releases(nullptr);
     while (transport::try_receive(router_, frames)) {
       Actions actions;
-      {
+      if (frames.size() == 2) {
+        // What the consumer put in its mailbox before this message comes first.
+        const std::string peer = frames[0].to_string();
+        collect_releases(&peer);
         std::lock_guard<std::mutex> lock(mu_);
-        if (frames.size() == 2) {
-          actions = membership_.on_message(frames[0].to_string(), frames[1].data(), frames[1].size());
-        } else {
-          actions = membership_.on_malformed();
-        }
+        actions = membership_.on_message(peer, frames[1].data(), frames[1].size());
+      } else {
+        std::lock_guard<std::mutex> lock(mu_);
+        actions = membership_.on_malformed();
       }
       apply(std::move(actions));
     }
@@ -539,6 +565,125 @@ void Producer::serve_until_quit() {
   }
 }
 
+// Before sleeping: each mailbox is told whether to ring (while a publish
+// waits for space, or a message for room in it), then looked at once more.
+bool Producer::sleep_ready() {
+  bool waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting = waiting_for_space_;
+  }
+  bool sleep = true;
+  for (auto& [peer, link] : links_) {
+    const bool ring_me = waiting || !link.pending.empty();
+    if (link.mailbox->producer_sleeps(ring_me)) sleep = false;  // releases are there
+    if (!link.pending.empty()) {
+      post_pending(link);  // room may have come before the flag was up
+      if (link.pending.empty()) sleep = false;
+    }
+  }
+  return sleep;
+}
+
+void Producer::collect_releases(const std::string* only) {
+  std::vector<std::pair<std::string, std::string>> frames;  // (peer, frame)
+  std::string frame;
+  int64_t dropped = 0;
+  auto take = [&](const std::string& peer, Link& link) {
+    post_pending(link);
+    while (true) {
+      const auto r = link.mailbox->collect(frame);
+      if (r == FrameQueue::Pop::Empty) break;
+      // Only releases come this way; anything else is dropped and counted.
+      uint16_t kind = 0;
+      if (r == FrameQueue::Pop::Frame && frame.size() >= protocol::kHeaderBytes) {
+        std::memcpy(&kind, frame.data() + 6, sizeof kind);
+      }
+      if (kind != static_cast<uint16_t>(protocol::Kind::Release)) {
+        dropped += 1;
+        continue;
+      }
+      frames.emplace_back(peer, std::move(frame));
+    }
+  };
+  if (only != nullptr) {
+    auto link = links_.find(*only);
+    if (link != links_.end()) take(link->first, link->second);
+  } else {
+    for (auto& [peer, link] : links_) take(peer, link);
+  }
+  for (; dropped > 0; --dropped) {
+    Actions actions;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      actions = membership_.on_malformed();
+    }
+    apply(std::move(actions));
+  }
+  if (frames.empty()) return;
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [peer, f] : frames) {
+      Actions a = membership_.on_message(peer, f.data(), f.size());
+      for (auto& x : a.sends) actions.sends.push_back(std::move(x));
+      for (uint64_t seq : a.freed) actions.freed.push_back(seq);
+      for (auto& r : a.reports) actions.reports.push_back(std::move(r));
+      for (auto& p : a.status_requests) actions.status_requests.push_back(std::move(p));
+      actions.members_changed = actions.members_changed || a.members_changed;
+    }
+  }
+  apply(std::move(actions));
+}
+
+void Producer::open_mailbox(const std::string& peer) {
+  try {
+    auto mailbox = Mailbox::create(options_.name, bell_.get());
+    transport::try_send(router_, {peer, protocol::encode(mailbox->description())});
+    links_[peer].mailbox = std::move(mailbox);
+  } catch (const Error& e) {
+    // Out of file descriptors or memory: this consumer gets everything over the socket.
+    Report r;
+    r.level = Report::Level::Notice;
+    r.message = std::string("a consumer gets its batches over the socket (no mailbox: ") + e.what() + ")";
+    tell(r);
+  }
+}
+
+// In order: once something waits for room, what follows waits behind it.
+void Producer::post(Link& link, const std::string& peer, const std::shared_ptr<const std::string>& bytes) {
+  const bool too_large = bytes->size() > FrameQueue::largest_frame(Mailbox::kToConsumerBytes);
+  if (too_large) {
+    // Over the socket now; the consumer holds it until it meets the marker.
+    transport::try_send(router_, {peer, *bytes});
+    over_socket_ += 1;
+    link.pending.push_back({nullptr});
+  } else {
+    link.pending.push_back({bytes});
+  }
+  post_pending(link);
+}
+
+void Producer::post_pending(Link& link) {
+  while (!link.pending.empty()) {
+    const auto& next = link.pending.front();
+    const auto r = next.bytes ? link.mailbox->post(*next.bytes) : link.mailbox->post_marker();
+    if (r != FrameQueue::Push::Done) return;  // Full: the consumer rings once it made room
+    link.pending.pop_front();
+  }
+}
+
+void Producer::forget_links() {
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [peer, link] : links_) {
+      if (!membership_.knows(peer)) gone.push_back(peer);
+    }
+  }
+  for (const auto& peer : gone) links_.erase(peer);
+}
+
 Actions Producer::deliver(StreamItem& item) {
   return std::visit(
       [&](auto& it) -> Actions {
@@ -557,9 +702,16 @@ Actions Producer::deliver(StreamItem& item) {
 
 void Producer::apply(Actions actions) {
   for (const auto& send : actions.sends) {
+    auto link = links_.find(send.peer);
+    if (link != links_.end()) {
+      post(link->second, send.peer, send.bytes);
+      continue;
+    }
     // False: the peer's connection is gone; the liveness sweep removes it.
     transport::try_send(router_, {send.peer, *send.bytes});
+    if (send.welcome) open_mailbox(send.peer);
   }
+  if (actions.members_changed) forget_links();
   if (!actions.freed.empty()) {
     freed_since_sweep_ = true;
     {

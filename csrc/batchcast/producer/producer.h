@@ -2,7 +2,8 @@
 // it. A short coordinator over three parts a reader can find by name:
 // the Ring (ring/ring.h: where batches live), the Membership
 // (producer/membership.h: who gets what, who holds what) and one I/O thread
-// that moves bytes between them and the consumers' sockets. The caller (the
+// that moves bytes between them and the consumers (their mailboxes for the
+// per-batch traffic, the socket for the rest: mailbox/mailbox.h). The caller (the
 // Python package, or a C++ program) drives epochs from one thread.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +28,7 @@
 #include "batchcast/common/batch.h"
 #include "batchcast/common/endpoint.h"
 #include "batchcast/common/report.h"
+#include "batchcast/mailbox/mailbox.h"
 #include "batchcast/producer/membership.h"
 #include "batchcast/protocol/message.h"
 #include "batchcast/ring/ring.h"
@@ -99,6 +102,10 @@ struct ProducerStats {
   uint64_t ring_bytes = 0;
   std::string ring_device;  // "cpu" or "cuda:N"
   int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
+  // Messages to consumers that went over the socket (too large for a
+  // mailbox, or to a consumer that could not be given one) instead of
+  // through the mailbox.
+  int64_t messages_over_socket = 0;
   int64_t slots_in_use = 0;
   int32_t pin_budget = 0;   // slots each consumer may pin with batches it keeps
   std::vector<ConsumerInfo> consumers;
@@ -130,6 +137,7 @@ struct ProducerStats {
     v("ring_bytes", ring_bytes);
     v("ring_device", ring_device);
     v("direct_copies", direct_copies);
+    v("messages_over_socket", messages_over_socket);
     v("slots_in_use", slots_in_use);
     v("pin_budget", pin_budget);
     v("consumers", consumers);
@@ -247,8 +255,23 @@ class Producer {
                                      const std::function<std::string(const std::string&)>& warning,
                                      bool interruptible);
 
+  // A consumer's mailbox and what waits for room in it (I/O thread only).
+  struct Link {
+    struct Pending {
+      std::shared_ptr<const std::string> bytes;  // null: a marker (its message went over the socket)
+    };
+    std::unique_ptr<Mailbox> mailbox;
+    std::deque<Pending> pending;
+  };
+
   // The I/O thread.
   void serve();
+  void open_mailbox(const std::string& peer);
+  void post(Link& link, const std::string& peer, const std::shared_ptr<const std::string>& bytes);
+  static void post_pending(Link& link);
+  bool sleep_ready();                              // arms the mailboxes; false: look again first
+  void collect_releases(const std::string* peer);  // one consumer's (or every one's) releases
+  void forget_links();                             // of consumers the membership forgot
   void serve_until_quit();
   Actions deliver(StreamItem& item);  // under mu_
   void apply(Actions actions);        // sends; then, under mu_, frees slots
@@ -263,6 +286,10 @@ class Producer {
   zmq::context_t context_;
   zmq::socket_t router_;
   Wakeup wakeup_;
+  Fd bell_;        // consumers ring it (a pipe's write end, reopened by them) ...
+  Fd bell_read_;   // ... and the I/O thread sleeps on this end
+  std::map<std::string, Link> links_;  // by peer: consumers given a mailbox
+  std::atomic<int64_t> over_socket_{0};  // written by the I/O thread
   std::unique_ptr<Ring> ring_;
 
   mutable std::mutex mu_;

@@ -374,6 +374,27 @@ void read(Reader& r, GroupBroken& m) {
   if (m.epoch < 0) throw MalformedMessage("bad group broken");
 }
 
+void write(Writer& w, const MailboxReady& m) {
+  w.put<int32_t>(m.memory_fd);
+  w.put<uint64_t>(m.bytes);
+  w.put<uint64_t>(m.to_consumer);
+  w.put<uint64_t>(m.to_producer);
+  w.put<int32_t>(m.consumer_bell);
+  w.put<int32_t>(m.producer_bell);
+}
+void read(Reader& r, MailboxReady& m) {
+  m.memory_fd = r.get<int32_t>();
+  m.bytes = r.get<uint64_t>();
+  m.to_consumer = r.get<uint64_t>();
+  m.to_producer = r.get<uint64_t>();
+  m.consumer_bell = r.get<int32_t>();
+  m.producer_bell = r.get<int32_t>();
+  if (m.memory_fd < 0 || m.consumer_bell < 0 || m.producer_bell < 0) {
+    throw MalformedMessage("bad mailbox descriptor");
+  }
+  // The queues' sizes are checked against the layout where the mailbox is opened.
+}
+
 template <typename T>
 Message decode_as(Reader& r) {
   T m;

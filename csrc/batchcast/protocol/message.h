@@ -16,7 +16,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 5;
+constexpr uint16_t kVersion = 6;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -39,7 +39,7 @@ constexpr int32_t kMaxWorldSize = 4096;
 #define BATCHCAST_MESSAGE_KINDS(X)                                                     \
   X(Hello) X(Welcome) X(Refuse) X(Announcement) X(EpochEnd) X(LoaderFailed) X(Finished) \
   X(Heartbeat) X(Release) X(Bye) X(RingReady) X(Evicted) X(Unmapped) X(StatusRequest)  \
-  X(Status) X(Mapped) X(GroupReady) X(GroupBroken)
+  X(Status) X(Mapped) X(GroupReady) X(GroupBroken) X(MailboxReady)
 
 enum class Kind : uint16_t {
   None = 0,  // no message has it
@@ -223,6 +223,20 @@ struct GroupReady {
 struct GroupBroken {
   int64_t epoch = 0;
   std::string reason;
+};
+
+// Producer -> consumer, right after Welcome: from now on every message to
+// this consumer comes through its mailbox (mailbox/mailbox.h), a memfd beside
+// the ring, and it sends its releases back the same way; the socket carries
+// only the messages the mailbox said were too large for it. Reopened, as a
+// host ring is, through /proc/<producer pid>/fd.
+struct MailboxReady {
+  int32_t memory_fd = -1;      // the memfd of the mailbox
+  uint64_t bytes = 0;          // its size
+  uint64_t to_consumer = 0;    // bytes of the queue of messages to the consumer
+  uint64_t to_producer = 0;    // bytes of the queue of releases to the producer
+  int32_t consumer_bell = -1;  // a pipe the producer writes to wake this consumer
+  int32_t producer_bell = -1;  // a pipe this consumer writes to wake the producer
 };
 
 // Anyone -> producer: what are you doing? Needs no membership.

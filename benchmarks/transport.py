@@ -1,6 +1,6 @@
 """Transport cost per batch: batchcast vs a torch.multiprocessing queue.
 
-    python benchmarks/transport.py [--sizes-mb 1 16 64] [--batches 40]
+    python benchmarks/transport.py [--sizes-mb 1 16 64] [--batches 40] [--out FILE]
 
 For each batch size it runs a producer process and a consumer process and
 reports, per batch (the producer publishes a whole epoch before the consumer
@@ -15,7 +15,7 @@ starts reading it, so neither side's time includes waiting for the other):
             into fresh (never touched) memory for the first pass
 and beside them a torch.multiprocessing queue passing the same batches
 (put: producer side, get: consumer side). Medians with [p10, p90].
-Results also go to benchmarks/results/transport.json.
+Results also go to benchmarks/results/transport.json (--out: elsewhere).
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="batchcast transport benchmark")
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
     args = parser.parse_args()
     os.environ.setdefault("BATCHCAST_RUNTIME_DIR", tempfile.mkdtemp(prefix="batchcast-bench-"))
     ctx = mp.get_context("spawn")
@@ -215,9 +216,9 @@ def main() -> None:
               f"{fmt(row['receive'], 1e6)} | {fmt(row['mp_put'])} | {fmt(row['mp_get'])}")
     print("\nconsumer tensors: views of shared memory / copies:",
           ", ".join(f"{r['size_mb']}MB {r['views']}/{r['copies']}" for r in rows))
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "transport.json").write_text(json.dumps(
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "rows": rows}, indent=1))
 
 

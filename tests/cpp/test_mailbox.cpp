@@ -307,30 +307,39 @@ TEST(Mailbox, BellsRingOnlyForASideThatSleeps) {
   EXPECT_FALSE(readable(consumer->consumer_bell()));
   producer->post("c");
   EXPECT_FALSE(readable(consumer->consumer_bell()));
-  // The producer asks to be rung only while it waits on the consumer.
-  EXPECT_FALSE(producer->producer_sleeps(false));
-  consumer->send("r1");
-  EXPECT_FALSE(readable(bell[0]));
-  EXPECT_TRUE(producer->producer_sleeps(true));  // r1 is there already
-  while (producer->collect(out) == Pop::Frame) {
-  }
-  EXPECT_FALSE(producer->producer_sleeps(true));
-  consumer->send("r2");
-  EXPECT_TRUE(readable(bell[0]));
+  // The producer asks to be rung only for what it waits on.
   char c;
-  while (::read(bell[0], &c, 1) > 0) {
-  }
-  consumer->send("r3");  // rung once only: the flag went down with the ring
-  EXPECT_FALSE(readable(bell[0]));
-  // Room made while the producer waits for it rings too.
-  EXPECT_TRUE(producer->producer_sleeps(false));  // r3 is there
+  auto rung = [&] {
+    const bool r = readable(bell[0]);
+    while (::read(bell[0], &c, 1) > 0) {
+    }
+    return r;
+  };
+  EXPECT_FALSE(producer->producer_sleeps(false, false));
+  consumer->send("r1");
+  consumer->made_room();
+  EXPECT_FALSE(rung());
+  EXPECT_TRUE(producer->producer_sleeps(true, false));  // r1 is there already
   while (producer->collect(out) == Pop::Frame) {
   }
-  EXPECT_FALSE(producer->producer_sleeps(true));
+  EXPECT_FALSE(producer->producer_sleeps(true, false));
+  consumer->made_room();  // not what it waits for
+  EXPECT_FALSE(rung());
+  consumer->send("r2");
+  EXPECT_TRUE(rung());
+  consumer->send("r3");  // rung once only: the flag went down with the ring
+  EXPECT_FALSE(rung());
+  // Room, while a message waits for it.
+  EXPECT_TRUE(producer->producer_sleeps(false, true));  // r3 is there
+  while (producer->collect(out) == Pop::Frame) {
+  }
+  EXPECT_FALSE(producer->producer_sleeps(false, true));
+  consumer->send("r4");  // not what it waits for
+  EXPECT_FALSE(rung());
   while (consumer->receive(out) == Pop::Frame) {
   }
   consumer->made_room();
-  EXPECT_TRUE(readable(bell[0]));
+  EXPECT_TRUE(rung());
   ::close(bell[0]);
   ::close(bell[1]);
 }

@@ -101,7 +101,7 @@ protocol::Welcome Channel::join(double timeout) {
                                            std::chrono::duration<double>(timeout));
   auto last_interrupt = Clock::now();
   while (true) {
-    pump();
+    pump(/*socket=*/true);
     {
       std::lock_guard<std::mutex> lock(mu_);
       session_.rethrow_if_failed();
@@ -124,24 +124,26 @@ protocol::Message Channel::take() {
   Inside inside(trainer_inside_);
   auto last_interrupt = Clock::now();
   while (true) {
-    pump();
+    pump(/*socket=*/false);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto m = session_.take()) return std::move(*m);
     }
     interrupt_check(last_interrupt);
     int bell = -1;
+    bool socket = true;
     {
-      std::lock_guard<std::mutex> socket(socket_mu_);
+      std::lock_guard<std::mutex> lock(socket_mu_);
       if (mailbox_) {
         if (!mailbox_->consumer_sleeps()) continue;  // something came meanwhile
         bell = mailbox_->consumer_bell();
+        socket = markers_ > 0;  // otherwise nothing is expected there
       }
     }
-    transport::wait_readable({socket_fd_, wakeup_.fd(), bell}, kTick);
+    transport::wait_readable({socket ? socket_fd_ : -1, wakeup_.fd(), bell}, kTick);
     wakeup_.drain();
     if (bell >= 0) {
-      std::lock_guard<std::mutex> socket(socket_mu_);
+      std::lock_guard<std::mutex> lock(socket_mu_);
       mailbox_->consumer_woke();
     }
   }
@@ -270,6 +272,7 @@ void Channel::send_outbox() {
     out.swap(outbox_);
   }
   if (out.empty()) return;
+  bool on_socket = false;
   for (const auto& m : out) {
     const std::string bytes = protocol::encode(m);
     // Releases through the mailbox (one too large for it: the socket; the
@@ -279,14 +282,28 @@ void Channel::send_outbox() {
       continue;
     }
     transport::try_send(dealer_, {bytes});
+    on_socket = true;
   }
   // A send may consume the socket's pending read signal: if something can
   // be received now, make sure a waiting trainer looks.
-  if (transport::readable(dealer_)) wakeup_.notify();
+  if (on_socket && transport::readable(dealer_)) wakeup_.notify();
 }
 
-void Channel::pump() {
-  std::lock_guard<std::mutex> socket(socket_mu_);
+void Channel::pump(bool socket) {
+  std::lock_guard<std::mutex> lock_socket(socket_mu_);
+  read_socket(socket || !mailbox_ || markers_ > 0);
+  read_mailbox();
+  if (markers_ > 0) {  // a marker was met: its message may be on the socket already
+    read_socket(true);
+    read_mailbox();
+  }
+  send_outbox();
+}
+
+// Under socket_mu_. Looking costs ZeroMQ two system calls even when nothing
+// is there: once the mailbox is open, only when a marker says something is.
+void Channel::read_socket(bool look) {
+  if (!look) return;
   std::vector<zmq::message_t> frames;
   while (transport::try_receive(dealer_, frames)) {
     if (mailbox_) {
@@ -299,8 +316,6 @@ void Channel::pump() {
     act(frames.size() == 1 ? session_.on_message(frames[0].data(), frames[0].size())
                            : session_.on_malformed());
   }
-  read_mailbox();
-  send_outbox();
 }
 
 // Under socket_mu_.
@@ -363,7 +378,7 @@ void Channel::watch() {
         if (producer >= 0 && readable_now(producer)) producer_exited_ = true;
       }
       if (!trainer_inside_) {
-        pump();
+        pump(/*socket=*/true);
       } else {
         flush();
       }

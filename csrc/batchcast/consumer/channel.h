@@ -112,7 +112,10 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
  private:
   explicit Channel(ChannelOptions options);
   void watch();                         // the watchdog thread
-  void pump();                          // takes in what the socket and the mailbox have; sends what is queued
+  // Takes in what the mailbox (and the socket, if asked or expected) has;
+  // sends what is queued.
+  void pump(bool socket);
+  void read_socket(bool look);          // under socket_mu_
   void read_mailbox();                  // under socket_mu_
   void on_frame(const std::string& frame);  // under socket_mu_: a message, in the producer's order
   void act(SessionActions actions);     // under mu_: maps, queues sends, wakes (never unmaps)

@@ -140,8 +140,9 @@ FrameQueue::Push Mailbox::post_marker() {
 
 FrameQueue::Pop Mailbox::collect(std::string& out) { return to_producer_.pop(out); }
 
-bool Mailbox::producer_sleeps(bool ring_me) {
-  shared_->producer_asleep.store(ring_me ? 1 : 0, std::memory_order_seq_cst);
+bool Mailbox::producer_sleeps(bool for_releases, bool for_room) {
+  shared_->producer_asleep.store((for_releases ? kForReleases : 0u) | (for_room ? kForRoom : 0u),
+                                 std::memory_order_seq_cst);
   return to_producer_.has_unread();
 }
 
@@ -151,12 +152,15 @@ FrameQueue::Pop Mailbox::receive(std::string& out) { return to_consumer_.pop(out
 
 FrameQueue::Push Mailbox::send(const std::string& frame) {
   auto r = to_producer_.push(frame.data(), frame.size());
-  if (r == FrameQueue::Push::Done) made_room();
+  if (r == FrameQueue::Push::Done) ring_producer(kForReleases);
   return r;
 }
 
-void Mailbox::made_room() {
-  if (shared_->producer_asleep.load(std::memory_order_seq_cst) != 0 &&
+void Mailbox::made_room() { ring_producer(kForRoom); }
+
+// One ring per time the producer asked (whichever it asked for goes down with it).
+void Mailbox::ring_producer(uint32_t reason) {
+  if ((shared_->producer_asleep.load(std::memory_order_seq_cst) & reason) != 0 &&
       shared_->producer_asleep.exchange(0) != 0) {
     ring(producer_bell_.get());
   }

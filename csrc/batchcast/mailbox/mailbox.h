@@ -21,9 +21,9 @@
 // pipe: poll()-able beside the socket). Both steps are sequentially
 // consistent, so either the sleeper sees the frame or the writer sees the
 // flag: no wake-up is lost, and a side that is awake is never rung. The
-// producer asks to be rung only while something waits on a consumer (a
-// publish waiting for ring space, a message waiting for room in the queue);
-// otherwise releases wait in the queue until it next looks.
+// producer asks to be rung only for what it waits on: a release while a
+// publish waits for ring space, room while a message waits for it in the
+// queue; otherwise releases wait in the queue until it next looks.
 #pragma once
 
 #include <atomic>
@@ -63,8 +63,10 @@ class Mailbox {
   // The next frame the consumer sent, or Empty.
   FrameQueue::Pop collect(std::string& out);
   // Whether the producer wants to be rung when the consumer releases a slot
-  // or makes room; true returned: something is there already (do not sleep).
-  bool producer_sleeps(bool ring_me);
+  // (a publish waits for space), or when it makes room in the queue to it (a
+  // message waits for room); true returned: a release is there already (do
+  // not sleep).
+  bool producer_sleeps(bool for_releases, bool for_room);
 
   // ---- consumer side
   FrameQueue::Pop receive(std::string& out);
@@ -85,7 +87,10 @@ class Mailbox {
   struct Shared;
   Mailbox() = default;
   void attach(uint64_t to_consumer, uint64_t to_producer);
+  static constexpr uint32_t kForReleases = 1;
+  static constexpr uint32_t kForRoom = 2;
   static void ring(int bell);
+  void ring_producer(uint32_t reason);
 
   Fd memory_;
   Mapping mapping_;

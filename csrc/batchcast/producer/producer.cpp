@@ -575,8 +575,7 @@ bool Producer::sleep_ready() {
   }
   bool sleep = true;
   for (auto& [peer, link] : links_) {
-    const bool ring_me = waiting || !link.pending.empty();
-    if (link.mailbox->producer_sleeps(ring_me)) sleep = false;  // releases are there
+    if (link.mailbox->producer_sleeps(waiting, !link.pending.empty())) sleep = false;  // releases are there
     if (!link.pending.empty()) {
       post_pending(link);  // room may have come before the flag was up
       if (link.pending.empty()) sleep = false;

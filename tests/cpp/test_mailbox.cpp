@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -229,9 +230,13 @@ TEST(FrameQueue, AWriterKilledAtRandomPointsLeavesTheReaderWorking) {
     ASSERT_GE(child, 0);
     if (child == 0) {
       FrameQueue w = q.writer();
-      for (uint64_t n = 0;; ) {
+      for (uint64_t n = 0;;) {
         const std::string f = frame(n, 8 + (n * 37) % 700);
-        if (w.push(f.data(), f.size()) == Push::Done) n += 1;
+        if (w.push(f.data(), f.size()) == Push::Done) {
+          n += 1;
+        } else {
+          sched_yield();  // full: let the reader in (one CPU is enough)
+        }
       }
     }
     FrameQueue r = q.reader();
@@ -243,6 +248,7 @@ TEST(FrameQueue, AWriterKilledAtRandomPointsLeavesTheReaderWorking) {
       Pop p = r.pop(out);
       if (p == Pop::Empty) {
         if (killed) break;
+        sched_yield();
         continue;
       }
       ASSERT_EQ(p, Pop::Frame);

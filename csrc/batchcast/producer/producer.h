@@ -102,9 +102,8 @@ struct ProducerStats {
   uint64_t ring_bytes = 0;
   std::string ring_device;  // "cpu" or "cuda:N"
   int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
-  // Messages to consumers that went over the socket (too large for a
-  // mailbox, or to a consumer that could not be given one) instead of
-  // through the mailbox.
+  // Messages too large for a consumer's mailbox, sent over the socket in
+  // their place (a marker in the mailbox keeps their order).
   int64_t messages_over_socket = 0;
   int64_t slots_in_use = 0;
   int32_t pin_budget = 0;   // slots each consumer may pin with batches it keeps

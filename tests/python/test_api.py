@@ -489,6 +489,35 @@ def test_loader_errors_reach_a_background_producer_and_its_consumers(runtime_dir
         producer.stop()
 
 
+def test_a_serving_producer_keeps_nothing_of_consumers_that_left(runtime_dir):
+    # Each consumer gets a mailbox (a memfd and a pipe in the producer): a
+    # producer that serves for days must let go of them as consumers leave.
+    class Slow:
+        def __iter__(self):
+            for start in range(0, 40, 10):
+                time.sleep(0.005)
+                ids = torch.arange(start, start + 10)
+                yield ids, ids.double()
+
+    def one_consumer() -> None:
+        c = bc.Consumer("keepnothing", batch_size=10, timeout=10)
+        ids, _ = next(iter(c))
+        assert len(ids) == 10
+        c.close()
+
+    with bc.Producer(Slow(), "keepnothing") as producer:  # serves until closed
+        one_consumer()  # the ring exists from here on
+        gc.collect()
+        eventually(lambda: producer.stats()["consumers"] == [], "the first consumer forgotten")
+        fds = open_fds()
+        for _ in range(6):
+            one_consumer()
+        gc.collect()
+        eventually(lambda: producer.stats()["consumers"] == [] and open_fds() == fds,
+                   f"fds back to {fds} with every consumer gone (now {open_fds()})")
+        assert producer.stats()["joins"] == 7
+
+
 def test_fds_threads_and_shm_return_to_baseline(runtime_dir):
     gc.collect()  # objects of earlier tests (kept by tracebacks) hold fds too
     fds, threads, shm = open_fds(), threading.active_count(), shm_entries()

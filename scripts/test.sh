@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
-# CTest), a fuzz run of the decoder, the Python API, command line and
+# CTest), fuzz runs of the decoder and of a mailbox queue's reader, the
+# Python API, command line and
 # examples with real processes (pytest; the GPU path on a simulated device),
 # the mutants of the GPU path, the package's types, the portable pip wheel
 # on its own (and the command line's start-up time) and the sdist.
@@ -23,7 +24,7 @@ $PY -m pip install -q nbclient nbformat ipykernel jupyter_client optuna tqdm
 
 echo "== C++ tests"
 ctest --test-dir build/py --output-on-failure
-echo "== Fuzzing the message decoder (${BATCHCAST_FUZZ_SECONDS:-30} s)"
+echo "== Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)"
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 echo "== Python tests"
 # `import batchcast` is the package installed above (python/ is not on sys.path).

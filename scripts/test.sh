@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
 # CTest), fuzz runs of the decoder and of a mailbox queue's reader, the
-# Python API, command line and
-# examples with real processes (pytest; the GPU path on a simulated device),
+# Python API, command line and examples with real processes (pytest; the GPU
+# path on a simulated device),
 # the mutants of the GPU path, the package's types, the portable pip wheel
 # on its own (and the command line's start-up time) and the sdist.
 set -euo pipefail

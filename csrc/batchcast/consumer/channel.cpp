@@ -291,7 +291,7 @@ void Channel::send_outbox() {
 
 void Channel::pump(bool socket) {
   std::lock_guard<std::mutex> lock_socket(socket_mu_);
-  read_socket(socket || !mailbox_ || markers_ > 0);
+  read_socket(socket || !mailbox_);
   read_mailbox();
   if (markers_ > 0) {  // a marker was met: its message may be on the socket already
     read_socket(true);

@@ -122,20 +122,18 @@ void Mailbox::ring(int bell) {
 // ---- producer side
 
 FrameQueue::Push Mailbox::post(const std::string& frame) {
-  auto r = to_consumer_.push(frame.data(), frame.size());
-  if (r == FrameQueue::Push::Done && shared_->consumer_asleep.load(std::memory_order_seq_cst) != 0 &&
+  return rang_consumer(to_consumer_.push(frame.data(), frame.size()));
+}
+
+FrameQueue::Push Mailbox::post_marker() { return rang_consumer(to_consumer_.push_marker()); }
+
+// After a push: a consumer that said it sleeps is rung, once.
+FrameQueue::Push Mailbox::rang_consumer(FrameQueue::Push pushed) {
+  if (pushed == FrameQueue::Push::Done && shared_->consumer_asleep.load(std::memory_order_seq_cst) != 0 &&
       shared_->consumer_asleep.exchange(0) != 0) {
     ring(consumer_bell_write_.get());
   }
-  return r;
-}
-
-FrameQueue::Push Mailbox::post_marker() {
-  auto r = to_consumer_.push_marker();
-  if (r == FrameQueue::Push::Done && shared_->consumer_asleep.exchange(0) != 0) {
-    ring(consumer_bell_write_.get());
-  }
-  return r;
+  return pushed;
 }
 
 FrameQueue::Pop Mailbox::collect(std::string& out) { return to_producer_.pop(out); }
@@ -175,9 +173,13 @@ bool Mailbox::consumer_sleeps() {
 
 void Mailbox::consumer_woke() {
   shared_->consumer_asleep.store(0, std::memory_order_relaxed);
+  empty_bell(consumer_bell_.get());
+}
+
+void Mailbox::empty_bell(int bell) {
   char buf[64];
   while (true) {
-    const ssize_t n = ::read(consumer_bell_.get(), buf, sizeof buf);
+    const ssize_t n = ::read(bell, buf, sizeof buf);
     if (n > 0 || (n < 0 && errno == EINTR)) continue;
     return;  // empty (EAGAIN)
   }

@@ -81,6 +81,9 @@ class Mailbox {
   // Readable when the producer rings.
   int consumer_bell() const { return consumer_bell_.get(); }
 
+  // Reads a (non-blocking) bell empty.
+  static void empty_bell(int bell);
+
   int64_t dropped() const { return to_consumer_.dropped() + to_producer_.dropped(); }
 
  private:
@@ -91,6 +94,7 @@ class Mailbox {
   static constexpr uint32_t kForRoom = 2;
   static void ring(int bell);
   void ring_producer(uint32_t reason);
+  FrameQueue::Push rang_consumer(FrameQueue::Push pushed);
 
   Fd memory_;
   Mapping mapping_;

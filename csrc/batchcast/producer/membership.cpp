@@ -91,6 +91,14 @@ std::vector<ConsumerInfo> Membership::consumers() const {
   return out;
 }
 
+void Actions::merge(Actions other) {
+  for (auto& s : other.sends) sends.push_back(std::move(s));
+  freed.insert(freed.end(), other.freed.begin(), other.freed.end());
+  for (auto& r : other.reports) reports.push_back(std::move(r));
+  for (auto& p : other.status_requests) status_requests.push_back(std::move(p));
+  members_changed = members_changed || other.members_changed;
+}
+
 void Membership::send(Actions& out, const std::string& peer, std::shared_ptr<const std::string> bytes) {
   out.sends.push_back(Actions::Send{peer, std::move(bytes)});
 }

@@ -106,6 +106,8 @@ struct Actions {
   std::vector<Report> reports;
   std::vector<std::string> status_requests;  // peers that asked what the producer is doing
   bool members_changed = false;  // a consumer joined or went: wake whoever waits on that
+
+  void merge(Actions other);  // `other`'s, after these
 };
 
 class Membership {

@@ -517,11 +517,7 @@ void Producer::serve_until_quit() {
     const bool sleep = sleep_ready();
     transport::poll(items, 3, sleep ? kSweepPeriod : std::chrono::milliseconds(0));
     if (items[1].revents & ZMQ_POLLIN) wakeup_.drain();
-    if (items[2].revents & ZMQ_POLLIN) {
-      char buf[256];
-      while (::read(bell_read_.get(), buf, sizeof buf) > 0) {
-      }
-    }
+    if (items[2].revents & ZMQ_POLLIN) Mailbox::empty_bell(bell_read_.get());
     collect_releases(nullptr);
     while (transport::try_receive(router_, frames)) {
       Actions actions;
@@ -611,26 +607,12 @@ void Producer::collect_releases(const std::string* only) {
   } else {
     for (auto& [peer, link] : links_) take(peer, link);
   }
-  for (; dropped > 0; --dropped) {
-    Actions actions;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      actions = membership_.on_malformed();
-    }
-    apply(std::move(actions));
-  }
-  if (frames.empty()) return;
+  if (frames.empty() && dropped == 0) return;
   Actions actions;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [peer, f] : frames) {
-      Actions a = membership_.on_message(peer, f.data(), f.size());
-      for (auto& x : a.sends) actions.sends.push_back(std::move(x));
-      for (uint64_t seq : a.freed) actions.freed.push_back(seq);
-      for (auto& r : a.reports) actions.reports.push_back(std::move(r));
-      for (auto& p : a.status_requests) actions.status_requests.push_back(std::move(p));
-      actions.members_changed = actions.members_changed || a.members_changed;
-    }
+    for (; dropped > 0; --dropped) actions.merge(membership_.on_malformed());
+    for (const auto& [peer, f] : frames) actions.merge(membership_.on_message(peer, f.data(), f.size()));
   }
   apply(std::move(actions));
 }
@@ -656,9 +638,9 @@ void Producer::post(Link& link, const std::string& peer, const std::shared_ptr<c
     // Over the socket now; the consumer holds it until it meets the marker.
     transport::try_send(router_, {peer, *bytes});
     over_socket_ += 1;
-    link.pending.push_back({nullptr});
+    link.pending.push_back(nullptr);
   } else {
-    link.pending.push_back({bytes});
+    link.pending.push_back(bytes);
   }
   post_pending(link);
 }
@@ -666,7 +648,7 @@ void Producer::post(Link& link, const std::string& peer, const std::shared_ptr<c
 void Producer::post_pending(Link& link) {
   while (!link.pending.empty()) {
     const auto& next = link.pending.front();
-    const auto r = next.bytes ? link.mailbox->post(*next.bytes) : link.mailbox->post_marker();
+    const auto r = next ? link.mailbox->post(*next) : link.mailbox->post_marker();
     if (r != FrameQueue::Push::Done) return;  // Full: the consumer rings once it made room
     link.pending.pop_front();
   }

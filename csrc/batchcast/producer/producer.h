@@ -256,11 +256,9 @@ class Producer {
 
   // A consumer's mailbox and what waits for room in it (I/O thread only).
   struct Link {
-    struct Pending {
-      std::shared_ptr<const std::string> bytes;  // null: a marker (its message went over the socket)
-    };
     std::unique_ptr<Mailbox> mailbox;
-    std::deque<Pending> pending;
+    // Null: a marker (its message went over the socket).
+    std::deque<std::shared_ptr<const std::string>> pending;
   };
 
   // The I/O thread.

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         RebatchError,
         Refused,
     )
+    from ._in_ring import collate
     from .consumer import Consumer
     from .producer import Producer
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 # Consumer` and the exceptions work as plain attributes.
 _FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "Error", "Evicted", "GroupError", "LoaderError",
               "NameInUse", "ProducerLost", "RebatchError", "Refused")
-_FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer"}
+_FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer", "collate": "._in_ring"}
 
 
 def _version() -> str:
@@ -103,5 +104,6 @@ __all__ = [
     "RebatchError",
     "Refused",
     "ResumeWarning",
+    "collate",
     "cuda_available",
 ]

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, cast
 
 from ._core import _C
 from ._device import parse_device
+from ._in_ring import Leaser
 from ._structure import flatten
 
 _log = logging.getLogger("batchcast")
@@ -142,6 +143,13 @@ class Producer:
             loader=_loader_identity(loader),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
+        # A DataLoader's workers write its batches into the ring themselves
+        # (host ring only): each batch it hands a worker gets a reserved slot,
+        # as many as the loader keeps in flight while the ring has room.
+        self._leaser: Leaser | None = None
+        if kind == "cpu" and Leaser.applies(loader):
+            in_flight = loader.num_workers * (loader.prefetch_factor or 2) + 1  # type: ignore[attr-defined]
+            self._leaser = Leaser(loader, self._core, min(in_flight, int(slots)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, Any] | None = None
@@ -179,13 +187,20 @@ class Producer:
         self.epochs_begun = epoch + 1
         core.begin_epoch(epoch)
         iterator = iter(self.loader)
+        leaser = self._leaser
         try:
             for batch in iterator:
                 if self._stop.is_set():
                     raise _C.Stopped("producer stopped")
+                lease = None
+                if leaser is not None:
+                    batch, lease = leaser.unpack(batch)
                 leaves, layout, samples = flatten(batch)
-                core.publish(leaves, layout, samples)
+                core.publish(leaves, layout, samples, lease)
+                del batch, leaves  # views of the ring: none outlives the producer
                 yield None
+            if leaser is not None:
+                leaser.epoch_done()
         except _C.Stopped:
             raise
         except Exception as exc:
@@ -239,6 +254,9 @@ class Producer:
     def close(self) -> None:
         """Releases the name, the socket and this process's mapping of the ring."""
         core, self._core = self._core, None
+        if self._leaser is not None:
+            self._leaser.restore()  # the loader as it was given
+            self._leaser = None
         if core is not None:
             self._stats = core.stats()
             # Waits (up to linger) for consumers to let go of a GPU ring, or,

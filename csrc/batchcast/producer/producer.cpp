@@ -315,19 +315,31 @@ Producer::Layout Producer::validate(const Batch& batch) const {
   return layout;
 }
 
-RingSlot Producer::reserve(const Layout& layout, double& waited) {
-  std::unique_lock<std::mutex> lock(mu_);
-  rethrow_io_error();
+void Producer::note_loader_time() {
   if (last_publish_end_) {  // since the last batch went out: the loader's time
     stats_.loader_seconds += seconds_since(*last_publish_end_);
     last_publish_end_.reset();
   }
+}
+
+RingSlot Producer::reserve(const Layout& layout, double& waited) {
+  std::unique_lock<std::mutex> lock(mu_);
+  rethrow_io_error();
+  note_loader_time();
   check_serving("publish");
   if (!ring_->allocated()) {
     ring_->allocate(layout.bytes);  // sized from the first batch
+    first_ = layout;
     stats_.ring_bytes = ring_->bytes();
     stream_.push_back(protocol::RingReady{ring_->description()});
   }
+  RingSlot slot = wait_for_slot(lock, layout, waited);
+  publishing_ += 1;  // close() waits for this write before freeing the ring
+  return slot;
+}
+
+RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout,
+                                 double& waited) {
   std::optional<RingSlot> slot;
   const auto wait_start = Clock::now();
   waiting_for_space_ = true;
@@ -357,15 +369,25 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
     rethrow_io_error();
     check_serving("publish");
   }
-  publishing_ += 1;  // close() waits for this write before freeing the ring
   return std::move(*slot);
 }
 
-double Producer::publish(const Batch& batch) {
+double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
   const auto start = Clock::now();
   const Layout layout = validate(batch);
   double waited = 0;
-  RingSlot slot = reserve(layout, waited);
+  std::optional<RingSlot> leased;
+  if (lease) leased = claim_lease(*lease, batch, layout);
+  // A lease the batch could not use stays reserved until the copy out of it
+  // is done, so nothing else is written over what is being copied.
+  struct Unused {
+    Producer* p;
+    std::optional<uint64_t> seq;
+    ~Unused() {
+      if (seq) p->return_lease(*seq);
+    }
+  } unused{this, leased ? std::nullopt : lease};
+  RingSlot slot = leased ? std::move(*leased) : reserve(layout, waited);
   struct Done {  // whatever happens below, close() may go on afterwards
     Producer* p;
     ~Done() {
@@ -374,8 +396,9 @@ double Producer::publish(const Batch& batch) {
       p->drained_.notify_all();
     }
   } done{this};
+  uint64_t copied = 0;
   try {
-    ring_->write(batch, slot);
+    copied = ring_->write(batch, slot);
   } catch (...) {
     // Nothing was announced: the slot goes back once no copy into it is queued.
     ring_->drain();
@@ -384,8 +407,76 @@ double Producer::publish(const Batch& batch) {
     space_.notify_all();
     throw;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_copied += static_cast<int64_t>(copied);
+    if (leased && copied == 0) stats_.batches_in_place += 1;
+  }
   announce(batch, slot, layout, start, waited);
   return waited;
+}
+
+std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, const Layout& layout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rethrow_io_error();
+  auto it = leases_.find(seq);
+  if (it == leases_.end()) throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
+  const RingSlot& slot = it->second;
+  // The batch takes its lease only if every tensor fits its lane there and
+  // none lies in the ring anywhere but its own place: a tensor elsewhere in
+  // the ring (in another lane of this lease, say) could be overwritten by
+  // the copy of another before its own copy.
+  bool fits = layout.bytes.size() == slot.offsets.size();
+  const std::byte* base = ring_->host_memory();
+  const uint64_t ring_bytes = ring_->bytes();
+  std::size_t lane = 0;
+  for (const Leaf& leaf : batch.leaves) {
+    const auto* t = std::get_if<at::Tensor>(&leaf);
+    if (t == nullptr || !fits) continue;
+    if (layout.bytes[lane] > first_.bytes[lane] || slot.offsets[lane] % layout.align[lane] != 0) fits = false;
+    const auto* data = static_cast<const std::byte*>(t->data_ptr());
+    const bool in_ring = base != nullptr && t->is_cpu() && t->numel() > 0 && data >= base &&
+                         data < base + ring_bytes;
+    if (in_ring && data != base + slot.offsets[lane]) fits = false;
+    lane += 1;
+  }
+  if (!fits) return std::nullopt;
+  note_loader_time();
+  check_serving("publish");
+  RingSlot out = std::move(it->second);
+  leases_.erase(it);
+  publishing_ += 1;  // close() waits for this write before freeing the ring
+  return out;
+}
+
+std::optional<Producer::Lease> Producer::lease(int64_t limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  rethrow_io_error();
+  check_serving("lease");
+  if (!ring_->allocated() || ring_->host_memory() == nullptr) return std::nullopt;
+  if (static_cast<int64_t>(leases_.size()) >= limit) return std::nullopt;
+  // Waits for room as a publish would: the batches before this one are out
+  // (or leased), so consumers free what this waits for.
+  double waited = 0;
+  RingSlot slot = wait_for_slot(lock, first_, waited);
+  if (last_publish_end_) {  // the wait was for consumers, not for the loader
+    *last_publish_end_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(waited));
+  }
+  Lease out{slot.seq, slot.offsets, first_.bytes, ring_->description().fd, ring_->bytes()};
+  leases_.emplace(slot.seq, std::move(slot));
+  return out;
+}
+
+void Producer::return_lease(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (leases_.erase(seq) == 0) return;
+  ring_->release(seq);
+  space_.notify_all();
+}
+
+std::pair<std::byte*, uint64_t> Producer::host_memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {ring_->host_memory(), ring_->bytes()};
 }
 
 void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
@@ -484,6 +575,7 @@ ProducerStats Producer::stats() const {
   s.resumed = c.resumed;
   s.resumed_next_pass = c.resumed_next_pass;
   s.messages_over_socket = over_socket_.load();
+  s.leases_out = static_cast<int64_t>(leases_.size());
   if (ring_) {
     s.slots_in_use = ring_->slots_in_use();
     s.direct_copies = ring_->direct_copies();

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -102,6 +104,11 @@ struct ProducerStats {
   uint64_t ring_bytes = 0;
   std::string ring_device;  // "cpu" or "cuda:N"
   int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
+  // Host bytes the producer copied into the ring (or a GPU ring's staging),
+  // and batches that needed no copy: a loader worker wrote them in place.
+  int64_t bytes_copied = 0;
+  int64_t batches_in_place = 0;
+  int64_t leases_out = 0;  // slots reserved for loader workers right now
   // Messages too large for a consumer's mailbox, sent over the socket in
   // their place (a marker in the mailbox keeps their order).
   int64_t messages_over_socket = 0;
@@ -136,6 +143,9 @@ struct ProducerStats {
     v("ring_bytes", ring_bytes);
     v("ring_device", ring_device);
     v("direct_copies", direct_copies);
+    v("bytes_copied", bytes_copied);
+    v("batches_in_place", batches_in_place);
+    v("leases_out", leases_out);
     v("messages_over_socket", messages_over_socket);
     v("slots_in_use", slots_in_use);
     v("pin_budget", pin_budget);
@@ -180,8 +190,30 @@ class Producer {
   void begin_epoch(int64_t epoch);
   // Copies the batch into the ring (waiting for space) and announces it;
   // returns the seconds spent waiting for space. Throws Stopped, and
-  // InvalidArgument for a batch that cannot be shared.
-  double publish(const Batch& batch);
+  // InvalidArgument for a batch that cannot be shared. With `lease`, the
+  // batch goes to that leased slot (see lease()): its leaves that a loader
+  // worker wrote there in place are not copied. A batch that does not fit
+  // its lease, or points into the ring elsewhere, is copied to a slot of its
+  // own and the lease goes back after the copy.
+  double publish(const Batch& batch, std::optional<uint64_t> lease = std::nullopt);
+
+  // A slot of a host ring reserved for a batch like the first, for a loader
+  // worker to write into (at `offsets`, at most `bytes` per tensor leaf);
+  // waits for room as publish() does. nullopt (at once) before the ring
+  // exists, for a GPU ring, or while `limit` leases are out. A lease ends
+  // with the publish() that names it or with return_lease(). Throws Stopped.
+  struct Lease {
+    uint64_t seq = 0;
+    std::vector<uint64_t> offsets;
+    std::vector<uint64_t> bytes;
+    int32_t fd = -1;          // the ring: /proc/<producer pid>/fd/<fd> ...
+    uint64_t ring_bytes = 0;  // ... of this size
+  };
+  std::optional<Lease> lease(int64_t limit);
+  // The leased slot goes back unused (nothing may write into it any more).
+  void return_lease(uint64_t seq);
+  // The producer's mapping of a host ring, and its size: where leases are.
+  std::pair<std::byte*, uint64_t> host_memory() const;
   void end_epoch();
   // The loader raised: every consumer gets a LoaderError with this message,
   // and the stream ends there.
@@ -232,6 +264,9 @@ class Producer {
   // publish(): validate -> reserve -> write -> announce.
   Layout validate(const Batch& batch) const;
   RingSlot reserve(const Layout& layout, double& waited);
+  RingSlot wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout, double& waited);
+  std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout);
+  void note_loader_time();  // under mu_: the time since the last publish was the loader's
   void announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
                 Clock::time_point start, double waited);
 
@@ -288,6 +323,8 @@ class Producer {
   std::map<std::string, Link> links_;  // by peer: consumers given a mailbox
   std::atomic<int64_t> over_socket_{0};  // written by the I/O thread
   std::unique_ptr<Ring> ring_;
+  Layout first_;                       // of the first batch: what the ring and leases are sized for
+  std::map<uint64_t, RingSlot> leases_;  // under mu_: slots loader workers may be writing
 
   mutable std::mutex mu_;
   std::condition_variable space_;    // ring space freed, or stopping

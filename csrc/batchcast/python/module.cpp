@@ -401,12 +401,32 @@ PYBIND11_MODULE(_C, m) {
       .def("begin_epoch",
            [](BoundProducer& b, int64_t epoch) { released(b, [&](Producer& p) { p.begin_epoch(epoch); }); })
       .def("publish",
-           [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples) {
+           [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
+              std::optional<uint64_t> lease) {
              Batch batch{0, samples, layout, leaves_from_python(leaves)};
              // Seconds spent waiting for ring space.
-             return released(b, [&](Producer& p) { return p.publish(batch); });
+             return released(b, [&](Producer& p) { return p.publish(batch, lease); });
            },
-           py::arg("leaves"), py::arg("layout"), py::arg("samples"))
+           py::arg("leaves"), py::arg("layout"), py::arg("samples"), py::arg("lease") = py::none())
+      .def("lease",
+           [](BoundProducer& b, int64_t limit) -> py::object {
+             std::optional<Producer::Lease> l =
+                 released(b, [&](Producer& p) { return p.lease(limit); });
+             if (!l) return py::none();
+             return py::make_tuple(l->seq, l->fd, l->ring_bytes, py::cast(l->offsets), py::cast(l->bytes));
+           },
+           py::arg("limit"))
+      .def("return_lease", [](BoundProducer& b, uint64_t seq) { b.core->return_lease(seq); },
+           py::arg("seq"))
+      .def("host_ring",
+           [](BoundProducer& b) -> py::object {
+             // Bytes of the producer's own mapping of a host ring, valid while
+             // the producer is open (None before the ring exists or for a GPU ring).
+             auto [data, bytes] = b.core->host_memory();
+             if (data == nullptr) return py::none();
+             return py::cast(at::from_blob(data, {static_cast<int64_t>(bytes)},
+                                           at::TensorOptions().dtype(at::kByte)));
+           })
       .def("end_epoch", [](BoundProducer& b) { released(b, [](Producer& p) { p.end_epoch(); }); })
       .def("fail",
            [](BoundProducer& b, const std::string& message) {

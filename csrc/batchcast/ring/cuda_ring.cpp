@@ -51,7 +51,7 @@ class CudaRing final : public Ring {
     }
   }
 
-  void write(const Batch& batch, const RingSlot& slot) override {
+  uint64_t write(const Batch& batch, const RingSlot& slot) override {
     // The copies and event records below, and torch's is_pinned(), run with
     // the ring's device current: in a thread with no current context (a
     // loader thread that never used the GPU) the runtime would otherwise bind
@@ -69,6 +69,7 @@ class CudaRing final : public Ring {
     std::byte* staged = memory_->staging(std::max<uint64_t>(to_stage, 256));
     sources_[buffer].clear();
     uint64_t staged_at = 0;
+    uint64_t host_copied = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
       const auto* t = std::get_if<at::Tensor>(&leaf);
@@ -84,10 +85,12 @@ class CudaRing final : public Ring {
         copy_to_host(staged + staged_at, *t);
         memory_->copy_in(staged + staged_at, offset, n);
         staged_at += staged_size(n);
+        host_copied += n;
       }
     }
     memory_->record_slot(slot.event);
     memory_->finish_staging();
+    return host_copied;  // into staging; direct copies are the GPU's own
   }
 
   void drain() noexcept override {

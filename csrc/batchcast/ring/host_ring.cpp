@@ -26,16 +26,23 @@ class HostRing final : public Ring {
 
   void check(const Batch&) const override {}
 
-  void write(const Batch& batch, const RingSlot& slot) override {
+  uint64_t write(const Batch& batch, const RingSlot& slot) override {
+    uint64_t copied = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
       const auto* t = std::get_if<at::Tensor>(&leaf);
       if (t == nullptr) continue;
-      const uint64_t offset = slot.offsets[lane++];
+      std::byte* dst = region_->data() + slot.offsets[lane++];
       if (t->numel() == 0) continue;
-      copy_to_host(region_->data() + offset, *t);
+      // Written in place by a loader worker: nothing to copy.
+      if (t->is_cpu() && plain_bytes(*t) && static_cast<std::byte*>(t->data_ptr()) == dst) continue;
+      copy_to_host(dst, *t);
+      copied += t->nbytes();
     }
+    return copied;
   }
+
+  std::byte* host_memory() override { return region_ ? region_->data() : nullptr; }
 
   ~HostRing() override {
     if (prefault_.joinable()) prefault_.join();

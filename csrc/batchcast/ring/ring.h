@@ -60,8 +60,10 @@ class Ring {
   std::optional<RingSlot> try_reserve(const std::vector<uint64_t>& bytes,
                                       const std::vector<uint64_t>& align);
   // Copies the batch's tensor leaves into its slot. A GPU ring queues the copy
-  // and records the slot's event after it; the call returns meanwhile.
-  virtual void write(const Batch& batch, const RingSlot& slot) = 0;
+  // and records the slot's event after it; the call returns meanwhile. A host
+  // ring skips a leaf that already lies where it goes (a loader worker wrote
+  // it there). Returns the bytes copied on the host.
+  virtual uint64_t write(const Batch& batch, const RingSlot& slot) = 0;
   // Nobody references the slot any more: its space (and event) can be reused.
   void release(uint64_t seq);
   // Waits until no copy into the ring is in flight (before freeing it, or
@@ -75,6 +77,10 @@ class Ring {
   // Tensors copied into the ring straight from the loader's memory (pinned
   // host tensors into a GPU ring) rather than through staging.
   virtual int64_t direct_copies() const { return 0; }
+
+  // The producer's own mapping of a host ring (nullptr for GPU memory, or
+  // before allocate()): loader workers write batches there in place.
+  virtual std::byte* host_memory() { return nullptr; }
 
   uint64_t bytes() const { return lanes_ ? lanes_->total_bytes() : 0; }
   int64_t slots_in_use() const { return lanes_ ? static_cast<int64_t>(lanes_->in_flight()) : 0; }

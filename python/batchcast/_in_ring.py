@@ -1,0 +1,336 @@
+"""Loader workers write their batches straight into the ring: no host copy.
+
+The producer reserves a ring slot (a *lease*) for each batch its DataLoader
+hands to a worker, and the lease travels with the batch's indices. In the
+worker, `collate` stacks the samples straight into that slot and returns a
+small description of what it wrote instead of tensors; the producer turns it
+back into views of its own mapping of the ring and announces them without
+copying. Whatever cannot go that way (no lease, a batch larger than the
+first, a collate that returns something else) is collated as usual and takes
+the producer's one copy: `Producer.stats()` counts `batches_in_place` and
+`bytes_copied`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
+
+# The lease of the batch this worker collates next: set when the worker
+# receives the batch's indices (unpickling them), taken by `collate`. A worker
+# receives one batch's indices, collates it, then receives the next.
+_arrived: "Lease | None" = None
+# This worker's mappings of rings it wrote into, by (producer pid, fd).
+_rings: dict[tuple[int, int], torch.Tensor] = {}
+
+
+class Lease(NamedTuple):
+    """A ring slot reserved for one batch: where each tensor leaf goes."""
+
+    pid: int         # the producer's: the ring is /proc/<pid>/fd/<fd>
+    fd: int
+    ring_bytes: int
+    seq: int
+    offsets: list[int]  # one per tensor leaf, in the order the batch lists them
+    bytes: list[int]    # room at each offset
+
+
+class LeasedIndices(list):  # type: ignore[type-arg]
+    """A batch's sample indices with the lease for its batch. Unpickled in a
+    worker, it leaves the lease for the worker's `collate`."""
+
+    lease: Lease
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_arrive, (list(self), tuple(self.lease)))
+
+
+def _arrive(indices: list[Any], lease: tuple[Any, ...]) -> list[Any]:
+    global _arrived
+    _arrived = Lease(*lease)
+    return indices
+
+
+class RingTensor(NamedTuple):
+    """What a worker returns in place of a tensor it wrote into the ring."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class InRing(NamedTuple):
+    """A batch a worker wrote into its lease (tensors as RingTensor)."""
+
+    seq: int
+    batch: Any
+
+
+class Declined(NamedTuple):
+    """A batch collated as usual although it had a lease (which goes back)."""
+
+    seq: int
+    batch: Any
+
+
+class _DoesNotFit(Exception):
+    pass
+
+
+def _ring(lease: Lease) -> torch.Tensor:
+    key = (lease.pid, lease.fd)
+    ring = _rings.get(key)
+    if ring is None or ring.numel() != lease.ring_bytes:
+        fd = os.open(f"/proc/{lease.pid}/fd/{lease.fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            memory = mmap.mmap(fd, lease.ring_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        ring = torch.frombuffer(memory, dtype=torch.uint8)  # keeps the mapping alive
+        _rings[key] = ring
+    return ring
+
+
+class _SlotWriter:
+    """Hands out the lease's places, one per tensor leaf, in the batch's order."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.ring = _ring(lease)
+        self.lane = 0
+
+    def place(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, RingTensor]:
+        lane = self.lane
+        if lane >= len(self.lease.offsets):
+            raise _DoesNotFit("more tensors than the first batch")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = itemsize
+        for n in shape:
+            nbytes *= n
+        offset = self.lease.offsets[lane]
+        if nbytes > self.lease.bytes[lane] or offset % itemsize != 0:
+            raise _DoesNotFit("larger than the first batch")
+        self.lane += 1
+        view = self.ring[offset:offset + nbytes].view(dtype).view(shape)
+        return view, RingTensor(offset, tuple(shape), dtype)
+
+    def stack(self, batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> RingTensor:
+        elem = batch[0]
+        if elem.is_nested or elem.layout != torch.strided or elem.is_sparse:
+            raise _DoesNotFit("not a dense tensor")
+        view, placed = self.place((len(batch), *elem.shape), elem.dtype)
+        torch.stack(batch, 0, out=view)
+        return placed
+
+    def copy(self, tensor: torch.Tensor) -> RingTensor:
+        view, placed = self.place(tuple(tensor.shape), tensor.dtype)
+        view.copy_(tensor)
+        return placed
+
+
+def _default_into(writer: _SlotWriter, samples: list[Any]) -> Any:
+    """torch's default_collate, with every tensor it makes written into the ring."""
+    from torch.utils.data._utils import collate as torch_collate
+
+    def into_ring(made: Callable[..., Any]) -> Callable[..., Any]:
+        # numbers and numpy scalars: default_collate makes a small tensor of them
+        def collate_into(batch: Any, *, collate_fn_map: Any = None) -> Any:
+            out = made(batch, collate_fn_map=collate_fn_map)
+            return writer.copy(out) if isinstance(out, torch.Tensor) and out.dim() > 0 else out
+        return collate_into
+
+    fn_map: dict[Any, Callable[..., Any]] = {
+        kind: into_ring(made) for kind, made in torch_collate.default_collate_fn_map.items()}
+    # (numpy arrays become tensors and are collated again with this map: stacked)
+    fn_map[torch.Tensor] = writer.stack
+    return torch_collate.collate(samples, collate_fn_map=fn_map)
+
+
+def _place(writer: _SlotWriter, node: Any) -> Any:
+    """`node` with its batch tensors copied into the ring, in the order in
+    which the producer lists a batch's tensors (see _structure.flatten)."""
+    if isinstance(node, torch.Tensor):
+        if node.dim() == 0:
+            return node
+        return writer.copy(node)
+    if isinstance(node, dict):
+        return _rebuild_dict(node, {k: _place(writer, v) for k, v in node.items()})
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return type(node)(*(_place(writer, v) for v in node))
+    if isinstance(node, (list, tuple)):
+        return type(node)(_place(writer, v) for v in node) if type(node) in (list, tuple) else node
+    return node
+
+
+def _rebuild_dict(node: dict[Any, Any], values: dict[Any, Any]) -> Any:
+    if type(node) is dict:
+        return values
+    try:
+        return type(node)(values)
+    except TypeError:
+        return values
+
+
+class collate:
+    """A DataLoader collate that writes each batch straight into the producer's
+    ring when the producer reserved a slot for it (its loader workers then
+    copy nothing more, and the producer copies nothing at all).
+
+    A producer uses it by itself for a DataLoader with workers and the default
+    collate. For a collate of your own that returns tensors, wrap it::
+
+        DataLoader(ds, batch_size=64, num_workers=8, collate_fn=bc.collate(my_collate))
+
+    Your collate's tensors are then copied into the ring in the worker (off the
+    producer's thread). Outside a producer, or without a reserved slot, it is
+    your collate (or torch's default_collate) unchanged.
+    """
+
+    def __init__(self, fn: Callable[[list[Any]], Any] | None = None) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(f"batchcast.collate wraps a collate function, not {type(fn).__name__}")
+        self.fn = fn
+
+    def plain(self, samples: list[Any]) -> Any:
+        if self.fn is not None:
+            return self.fn(samples)
+        from torch.utils.data import default_collate
+
+        return default_collate(samples)
+
+    def __call__(self, samples: list[Any]) -> Any:
+        global _arrived
+        lease, _arrived = _arrived, None
+        if lease is None:
+            return self.plain(samples)
+        if self.fn is not None:
+            batch = self.fn(samples)  # its errors are the loader's
+            try:
+                return InRing(lease.seq, _place(_SlotWriter(lease), batch))
+            except Exception:
+                return Declined(lease.seq, batch)
+        try:
+            return InRing(lease.seq, _default_into(_SlotWriter(lease), samples))
+        except Exception:
+            # Whatever kept it out of the ring (a larger batch, a type the
+            # ring cannot hold, an error in the samples), the usual collate
+            # decides: it collates the batch, or raises the loader's error.
+            return Declined(lease.seq, self.plain(samples))
+
+    def __repr__(self) -> str:
+        return f"batchcast.collate({self.fn!r})" if self.fn is not None else "batchcast.collate()"
+
+
+def materialize(node: Any, ring: torch.Tensor) -> Any:
+    """A worker's batch with its RingTensors as views of the producer's ring."""
+    if isinstance(node, RingTensor):
+        nbytes = node.dtype.itemsize
+        for n in node.shape:
+            nbytes *= n
+        return ring[node.offset:node.offset + nbytes].view(node.dtype).view(node.shape)
+    if isinstance(node, dict):
+        return _rebuild_dict(node, {k: materialize(v, ring) for k, v in node.items()})
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return type(node)(*(materialize(v, ring) for v in node))
+    if type(node) in (list, tuple):
+        return type(node)(materialize(v, ring) for v in node)
+    return node
+
+
+class _LeasingBatches:
+    """The loader's batch sampler, each batch's indices given a lease."""
+
+    def __init__(self, batch_sampler: Any, leaser: "Leaser") -> None:
+        self.batch_sampler = batch_sampler
+        self.leaser = leaser
+
+    def __iter__(self) -> Iterator[Any]:
+        for indices in self.batch_sampler:
+            lease = self.leaser.take()
+            if lease is None:
+                yield indices
+            else:
+                leased = LeasedIndices(indices)
+                leased.lease = lease
+                yield leased
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler, ...
+        if name.startswith("__") or "batch_sampler" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["batch_sampler"], name)
+
+
+class Leaser:
+    """Gives a DataLoader's batches leases from a producer's ring while the
+    producer serves it; `restore()` gives the loader back as it was."""
+
+    @staticmethod
+    def applies(loader: Any) -> bool:
+        """Whether the loader's workers can write into the ring: a DataLoader
+        with workers, batches from a batch sampler, the default collate or
+        batchcast.collate, and no iterator started yet."""
+        from torch.utils.data import DataLoader, default_collate
+
+        return (isinstance(loader, DataLoader) and loader.num_workers > 0
+                and loader.batch_sampler is not None
+                and (loader.collate_fn is default_collate or isinstance(loader.collate_fn, collate))
+                and getattr(loader, "_iterator", None) is None)
+
+    def __init__(self, loader: Any, core: Any, limit: int) -> None:
+        self.loader = loader
+        self.core: Any = core
+        self.limit = limit
+        self.pid = os.getpid()
+        self.out: set[int] = set()  # seqs of leases given to batches not yet back
+        self._ring: torch.Tensor | None = None
+        self._collate = loader.collate_fn
+        self._batch_sampler = loader.batch_sampler
+        if not isinstance(loader.collate_fn, collate):
+            loader.collate_fn = collate()
+        # DataLoader refuses to set batch_sampler after construction; the
+        # wrapper keeps its length and attributes, so the loader behaves the same.
+        object.__setattr__(loader, "batch_sampler", _LeasingBatches(self._batch_sampler, self))
+
+    def take(self) -> Lease | None:
+        core = self.core
+        if core is None:
+            return None
+        got = core.lease(self.limit)
+        if got is None:
+            return None
+        seq, fd, ring_bytes, offsets, sizes = got
+        self.out.add(seq)
+        return Lease(self.pid, fd, ring_bytes, seq, offsets, sizes)
+
+    def unpack(self, batch: Any) -> tuple[Any, int | None]:
+        """(the batch as the producer publishes it, its lease or None)."""
+        if isinstance(batch, InRing) and batch.seq in self.out:
+            self.out.discard(batch.seq)
+            if self._ring is None:
+                self._ring = self.core.host_ring()
+            return materialize(batch.batch, self._ring), batch.seq
+        if isinstance(batch, Declined) and batch.seq in self.out:
+            self.out.discard(batch.seq)
+            self.core.return_lease(batch.seq)
+            return batch.batch, None
+        return batch, None
+
+    def epoch_done(self) -> None:
+        """The epoch's iterator is exhausted: no worker writes any more, so
+        leases whose batches never came back (an iterable dataset's workers
+        that ran out) go back."""
+        for seq in sorted(self.out):
+            self.core.return_lease(seq)
+        self.out.clear()
+
+    def restore(self) -> None:
+        self.core = None
+        self._ring = None
+        self.loader.collate_fn = self._collate
+        object.__setattr__(self.loader, "batch_sampler", self._batch_sampler)

@@ -13,6 +13,7 @@ the producer's one copy: `Producer.stats()` counts `batches_in_place` and
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 from typing import Any, Callable, Iterator, NamedTuple
@@ -282,12 +283,25 @@ class Leaser:
                 and (loader.collate_fn is default_collate or isinstance(loader.collate_fn, collate))
                 and getattr(loader, "_iterator", None) is None)
 
+    @staticmethod
+    def in_flight(loader: Any) -> int:
+        """Batches the loader asks of its workers ahead, and one more: the
+        next is asked for before the one received is published."""
+        return int(loader.num_workers * (loader.prefetch_factor or 2) + 1)
+
     def __init__(self, loader: Any, core: Any, limit: int) -> None:
         self.loader = loader
         self.core: Any = core
         self.limit = limit
         self.pid = os.getpid()
         self.out: set[int] = set()  # seqs of leases given to batches not yet back
+        # Batches asked for without a lease (before the ring existed) and not
+        # yet back, and slots leased for them once it does: the producer
+        # copies them there, so that every batch lies where the one before
+        # it ends (a consumer batch spanning them is one view).
+        self.unleased = 0
+        self.for_copies: collections.deque[int] = collections.deque()
+        self.primed = False
         self._ring: torch.Tensor | None = None
         self._collate = loader.collate_fn
         self._batch_sampler = loader.batch_sampler
@@ -303,6 +317,7 @@ class Leaser:
             return None
         got = core.lease(self.limit)
         if got is None:
+            self.unleased += 1
             return None
         seq, fd, ring_bytes, offsets, sizes = got
         self.out.add(seq)
@@ -319,7 +334,25 @@ class Leaser:
             self.out.discard(batch.seq)
             self.core.return_lease(batch.seq)
             return batch.batch, None
+        self.unleased = max(0, self.unleased - 1)
+        if self.for_copies:
+            seq = self.for_copies.popleft()
+            self.out.discard(seq)
+            return batch, seq
         return batch, None
+
+    def published(self) -> None:
+        """After a publish: once the ring exists (after the first), the
+        batches already asked for without a lease get slots, in order."""
+        if self.primed or self.core is None:
+            return
+        self.primed = True
+        for _ in range(self.unleased):
+            got = self.core.lease(self.limit)
+            if got is None:
+                break
+            self.out.add(got[0])
+            self.for_copies.append(got[0])
 
     def epoch_done(self) -> None:
         """The epoch's iterator is exhausted: no worker writes any more, so
@@ -328,6 +361,8 @@ class Leaser:
         for seq in sorted(self.out):
             self.core.return_lease(seq)
         self.out.clear()
+        self.for_copies.clear()
+        self.unleased = 0
 
     def restore(self) -> None:
         self.core = None

@@ -129,10 +129,16 @@ class Producer:
         self.min_consumers = min_consumers
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
+        # A DataLoader's workers write its batches into the ring themselves
+        # (host ring only): each batch it hands a worker gets a slot, so the
+        # ring holds the batches the loader has in flight too (they take no
+        # memory of their own then).
+        in_place = kind == "cpu" and Leaser.applies(loader)
+        in_flight = Leaser.in_flight(loader) if in_place else 0
         self._core: _C.Producer | None = _C.Producer(
             name=name,
             runtime_dir=runtime_dir or "",
-            slots=int(slots),
+            slots=max(int(slots), in_flight),
             ring_bytes=int(ring_bytes),
             samples_per_epoch=int(samples_per_epoch),
             batches_per_epoch=_batches_per_epoch(loader),
@@ -143,13 +149,7 @@ class Producer:
             loader=_loader_identity(loader),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
-        # A DataLoader's workers write its batches into the ring themselves
-        # (host ring only): each batch it hands a worker gets a reserved slot,
-        # as many as the loader keeps in flight while the ring has room.
-        self._leaser: Leaser | None = None
-        if kind == "cpu" and Leaser.applies(loader):
-            in_flight = loader.num_workers * (loader.prefetch_factor or 2) + 1  # type: ignore[attr-defined]
-            self._leaser = Leaser(loader, self._core, min(in_flight, int(slots)))
+        self._leaser = Leaser(loader, self._core, in_flight) if in_place else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, Any] | None = None
@@ -198,6 +198,8 @@ class Producer:
                 leaves, layout, samples = flatten(batch)
                 core.publish(leaves, layout, samples, lease)
                 del batch, leaves  # views of the ring: none outlives the producer
+                if leaser is not None:
+                    leaser.published()
                 yield None
             if leaser is not None:
                 leaser.epoch_done()

@@ -28,6 +28,8 @@ start-up stays under 10% of the window:
   mixed     trainers with batch sizes 32 / 64 / 128 from a loader of 64
   speeds    trainers with steps of 10 / 20 / 40 ms, with the default ring and a
             larger one (batchcast+ring)
+  (jpeg also runs batchcast+copy: the producer copies each batch into the
+  ring, as it does when its loader's workers cannot write there)
   exact     correctness: 1,003 samples, loader batch 32, trainers of 24 / 32 / 100
   overhead  what receiving a batch costs a trainer that steps 20 ms per batch:
             process CPU per batch beyond a plain loop, time in next()
@@ -131,7 +133,9 @@ def plan(args) -> list[dict]:
         alone("jpeg", w, 64, args.epochs)
         for k in ([1] if q else args.jpeg_ks or args.ks):
             add(f"jpeg/K={k}", "jpeg", "JPEG decode + RandomResizedCrop(224) + flip + normalize", w,
-                64, args.epochs, [(64, args.step_ms)] * k, args.systems, alone="jpeg/alone")
+                64, args.epochs, [(64, args.step_ms)] * k,
+                ["dataloader", "batchcast", "batchcast+copy", "mpqueue", "tensorsocket"],
+                alone="jpeg/alone")
     if "mixed" in args.experiments:
         w = busy(args, 640 if q else args.mixed_samples, 2.0)
         alone("mixed", w, 64, args.epochs)
@@ -257,7 +261,7 @@ def run_one(args, cfg: dict, system: str, repeat: int, psutil) -> dict:
     k = len(cfg["trainers"])
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=args.tmp))
     spec = {
-        "system": base, "label": system, "workload": cfg["workload"],
+        "system": base, "variant": variant, "label": system, "workload": cfg["workload"],
         "loader_batch": cfg["loader_batch"], "epochs": cfg["epochs"], "trainers": cfg["trainers"],
         "slots": cfg["ring_slots"] if variant == "ring" else cfg["slots"], "ring_bytes": 0,
         "name": f"cmp-{os.getpid()}-{uuid.uuid4().hex[:8]}", "cpus": args.cpu_list,

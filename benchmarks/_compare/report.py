@@ -7,11 +7,13 @@ import statistics
 from collections import defaultdict
 
 MIB = 2**20
-ORDER = ["plain", "dataloader", "batchcast", "batchcast+ring", "mpqueue", "tensorsocket"]
+ORDER = ["plain", "dataloader", "batchcast", "batchcast+copy", "batchcast+ring", "mpqueue",
+         "tensorsocket"]
 COLORS = {"dataloader": "C0", "batchcast": "C1", "mpqueue": "C2", "tensorsocket": "C3",
-          "batchcast+ring": "C4", "plain": "C7"}
+          "batchcast+ring": "C4", "batchcast+copy": "C5", "plain": "C7"}
 NAMES = {"plain": "plain loop", "dataloader": "DataLoader per trainer", "batchcast": "batchcast",
          "batchcast+ring": "batchcast, larger ring", "mpqueue": "mp queue fan-out",
+         "batchcast+copy": "batchcast, producer copies",
          "tensorsocket": "TensorSocket 0.0.5"}
 
 

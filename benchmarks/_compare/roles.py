@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .barrier import Client
-from .workloads import Gated, make_loader, memory_batches
+from .workloads import Gated, copied, make_loader, memory_batches
 
 
 def load_spec(path: str) -> dict:
@@ -437,7 +437,13 @@ def producer(spec: dict) -> None:
         bar.wait_go()
         clock["go"] = cpu_self()
 
-    loader = Gated(make_loader(spec["workload"], spec["loader_batch"], spec.get("cpus")), start)
+    # The DataLoader itself (gated by its sampler), so that its workers write
+    # into the ring; "batchcast+copy" keeps them out (the producer's one copy).
+    loader = make_loader(spec["workload"], spec["loader_batch"], spec.get("cpus"), gate=start)
+    if isinstance(loader, list):
+        loader = Gated(loader, start)
+    elif spec.get("variant") == "copy":
+        loader.collate_fn = copied
     p = bc.Producer(loader, spec["name"], epochs=spec["epochs"],
                     min_consumers=len(spec["trainers"]),
                     slots=spec["slots"], ring_bytes=spec.get("ring_bytes", 0))

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import (DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler,
+                              default_collate)
 
 JPEG_VERSION = 1  # bump when the generator changes: a new cache directory
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -154,8 +155,9 @@ def make_dataset(w: dict) -> Dataset:
     raise ValueError(w["kind"])
 
 
-def make_loader(w: dict, batch_size: int, cpus: list[int] | None = None):
-    """The loader every system uses for workload `w` (a list of batches for `memory`)."""
+def make_loader(w: dict, batch_size: int, cpus: list[int] | None = None, gate=None):
+    """The loader every system uses for workload `w` (a list of batches for `memory`).
+    With `gate`, its first epoch waits for gate() before asking for any sample."""
     if w["kind"] == "memory":
         return memory_batches(w)
     generator = torch.Generator().manual_seed(w.get("seed", 0))
@@ -165,9 +167,38 @@ def make_loader(w: dict, batch_size: int, cpus: list[int] | None = None):
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    return DataLoader(make_dataset(w), batch_size=batch_size, shuffle=w.get("shuffle", True),
-                      num_workers=w["workers"], generator=generator, worker_init_fn=init,
-                      persistent_workers=False)
+    dataset = make_dataset(w)
+    # shuffle=True with this generator is this sampler: the same order
+    sampler = (RandomSampler(dataset, generator=generator) if w.get("shuffle", True)
+               else SequentialSampler(dataset))
+    if gate is not None:
+        sampler = GatedSampler(sampler, gate)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator,
+                      num_workers=w["workers"], worker_init_fn=init, persistent_workers=False)
+
+
+class GatedSampler(Sampler):
+    """A sampler whose first pass waits for the start signal: loading (workers
+    starting included) begins when the trainers start, as it does for a
+    trainer with its own DataLoader. The loader stays a plain DataLoader."""
+
+    def __init__(self, sampler, wait):
+        self.sampler, self.wait = sampler, wait
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        if self.wait is not None:
+            self.wait()
+            self.wait = None
+        yield from self.sampler
+
+
+def copied(samples):
+    """default_collate as a function of the benchmark's own: a producer cannot
+    have its loader's workers write into the ring (its one-copy path)."""
+    return default_collate(samples)
 
 
 def memory_batches(w: dict) -> list:

@@ -11,11 +11,10 @@ import sys
 from collections import namedtuple
 from pathlib import Path
 
+import batchcast as bc
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
-
-import batchcast as bc
 
 HERE = Path(__file__).parent
 Pair = namedtuple("Pair", ["image", "label"])

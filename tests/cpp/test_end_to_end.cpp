@@ -182,3 +182,108 @@ TEST(EndToEnd, TheProducersLifeGoesOneWay) {
     EXPECT_TRUE(consumer.finished());
   }
 }
+
+// Leases: a loader worker writes a batch into a slot reserved for it, and the
+// producer announces it without copying; anything else is copied, never
+// trusted: a batch larger than its lease, a tensor lying elsewhere in the ring.
+TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
+  PrivateDir scratch;
+  ProducerOptions po{"leases", scratch.path, 4};
+  Producer producer(po);
+  EXPECT_FALSE(producer.lease(8));  // no ring before the first batch
+
+  std::vector<std::vector<int64_t>> seen;
+  std::thread consume([&] {
+    ConsumerOptions options;
+    options.name = "leases";
+    options.runtime_dir = scratch.path;
+    Consumer consumer(options);  // the loader's batches as they are
+    consumer.begin_epoch();
+    while (auto batch = consumer.next()) {
+      auto t = std::get<at::Tensor>(batch->leaves[0]);
+      const auto& names = std::get<Items>(batch->leaves[1]).values;
+      seen.emplace_back();
+      for (int64_t i = 0; i < t.size(0); ++i) {
+        seen.back().push_back(t[i].item<int64_t>());
+        EXPECT_EQ(names[static_cast<size_t>(i)], "s" + std::to_string(t[i].item<int64_t>()));
+      }
+    }
+  });
+  ASSERT_TRUE(producer.wait_for_consumers(1, 30));
+  producer.begin_epoch(0);
+  producer.publish(ids(0, 10));  // sizes the ring: 10 int64 per batch
+  EXPECT_EQ(producer.stats().bytes_copied, 80);
+
+  // In place: written where the lease says, announced without a copy.
+  auto lease = producer.lease(2);
+  ASSERT_TRUE(lease);
+  ASSERT_EQ(lease->offsets.size(), 1u);
+  EXPECT_EQ(lease->bytes, std::vector<uint64_t>{80});
+  EXPECT_GE(lease->fd, 0);
+  auto [ring, ring_bytes] = producer.host_memory();
+  ASSERT_NE(ring, nullptr);
+  EXPECT_EQ(lease->ring_bytes, ring_bytes);
+  auto in_place = [&](const Producer::Lease& l, int64_t start, int64_t n) {
+    Batch b = ids(start, n);
+    at::Tensor t = at::from_blob(ring + l.offsets[0], {n}, at::TensorOptions().dtype(at::kLong));
+    t.copy_(std::get<at::Tensor>(b.leaves[0]));
+    b.leaves[0] = t;
+    return b;
+  };
+  producer.publish(in_place(*lease, 10, 10), lease->seq);
+  ProducerStats s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 80);
+  EXPECT_EQ(s.batches_in_place, 1);
+  EXPECT_EQ(s.leases_out, 0);
+
+  // At most `limit` out; a smaller batch (an epoch's last) fits its lease.
+  auto a = producer.lease(2);
+  auto b = producer.lease(2);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(producer.lease(2));
+  EXPECT_EQ(producer.stats().leases_out, 2);
+  producer.publish(in_place(*a, 20, 4), a->seq);
+  EXPECT_EQ(producer.stats().batches_in_place, 2);
+
+  // A tensor in the ring but not at its lease's place (here: lease b's) is
+  // copied into a slot of its own, and b stays out.
+  auto c = producer.lease(3);
+  ASSERT_TRUE(c);
+  producer.publish(in_place(*b, 24, 10), c->seq);
+  s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 160);
+  EXPECT_EQ(s.batches_in_place, 2);
+  EXPECT_EQ(s.leases_out, 1);  // b; c went back after the copy
+
+  // A batch larger than its lease: copied to a slot of its own, lease back.
+  producer.publish(ids(34, 12), b->seq);
+  s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 160 + 96);
+  EXPECT_EQ(s.leases_out, 0);
+
+  // Ordinary memory with a lease: copied into the leased slot.
+  auto d = producer.lease(2);
+  ASSERT_TRUE(d);
+  producer.publish(ids(46, 10), d->seq);
+  s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 160 + 96 + 80);
+  EXPECT_EQ(s.leases_out, 0);
+
+  // Naming a lease that is not out is an error; returning one twice is harmless.
+  EXPECT_THROW(producer.publish(ids(56, 10), d->seq), InvalidArgument);
+  auto e = producer.lease(2);
+  ASSERT_TRUE(e);
+  producer.return_lease(e->seq);
+  producer.return_lease(e->seq);
+  EXPECT_EQ(producer.stats().leases_out, 0);
+
+  producer.end_epoch();
+  producer.finish();
+  consume.join();
+  std::vector<std::vector<int64_t>> want;
+  for (auto [start, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {10, 10}, {20, 4}, {24, 10}, {34, 12}, {46, 10}}) {
+    want.emplace_back(n);
+    std::iota(want.back().begin(), want.back().end(), start);
+  }
+  EXPECT_EQ(seen, want);
+}

@@ -24,8 +24,9 @@ import torch
 # receives the batch's indices (unpickling them), taken by `collate`. A worker
 # receives one batch's indices, collates it, then receives the next.
 _arrived: "Lease | None" = None
-# This worker's mappings of rings it wrote into, by (producer pid, fd).
-_rings: dict[tuple[int, int], torch.Tensor] = {}
+# This worker's mapping of the ring it writes into, by (producer pid, fd,
+# inode, size).
+_rings: dict[tuple[int, int, int, int], torch.Tensor] = {}
 
 
 class Lease(NamedTuple):
@@ -40,18 +41,19 @@ class Lease(NamedTuple):
 
 
 class LeasedIndices(list):  # type: ignore[type-arg]
-    """A batch's sample indices with the lease for its batch. Unpickled in a
-    worker, it leaves the lease for the worker's `collate`."""
+    """A batch's sample indices with the lease for its batch (None: none).
+    Unpickled in a worker, it leaves the lease for the worker's `collate`:
+    every batch's indices say, so a lease never outlives its batch there."""
 
-    lease: Lease
+    lease: Lease | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_arrive, (list(self), tuple(self.lease)))
+        return (_arrive, (list(self), None if self.lease is None else tuple(self.lease)))
 
 
-def _arrive(indices: list[Any], lease: tuple[Any, ...]) -> list[Any]:
+def _arrive(indices: list[Any], lease: tuple[Any, ...] | None) -> list[Any]:
     global _arrived
-    _arrived = Lease(*lease)
+    _arrived = None if lease is None else Lease(*lease)
     return indices
 
 
@@ -82,14 +84,17 @@ class _DoesNotFit(Exception):
 
 
 def _ring(lease: Lease) -> torch.Tensor:
-    key = (lease.pid, lease.fd)
+    path = f"/proc/{lease.pid}/fd/{lease.fd}"
+    # By the memory's identity too: a later ring may get the same fd number.
+    key = (lease.pid, lease.fd, os.stat(path).st_ino, lease.ring_bytes)
     ring = _rings.get(key)
-    if ring is None or ring.numel() != lease.ring_bytes:
-        fd = os.open(f"/proc/{lease.pid}/fd/{lease.fd}", os.O_RDWR | os.O_CLOEXEC)
+    if ring is None:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             memory = mmap.mmap(fd, lease.ring_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        _rings.clear()  # a worker writes into one ring at a time
         ring = torch.frombuffer(memory, dtype=torch.uint8)  # keeps the mapping alive
         _rings[key] = ring
     return ring
@@ -250,13 +255,9 @@ class _LeasingBatches:
 
     def __iter__(self) -> Iterator[Any]:
         for indices in self.batch_sampler:
-            lease = self.leaser.take()
-            if lease is None:
-                yield indices
-            else:
-                leased = LeasedIndices(indices)
-                leased.lease = lease
-                yield leased
+            leased = LeasedIndices(indices)
+            leased.lease = self.leaser.take()
+            yield leased
 
     def __len__(self) -> int:
         return len(self.batch_sampler)

@@ -83,6 +83,42 @@ class _DoesNotFit(Exception):
     pass
 
 
+def _nbytes(t: RingTensor) -> int:
+    n = t.dtype.itemsize
+    for size in t.shape:
+        n *= size
+    return n
+
+
+def _view(ring: torch.Tensor, t: RingTensor) -> torch.Tensor:
+    return ring[t.offset:t.offset + _nbytes(t)].view(t.dtype).view(t.shape)
+
+
+_NOT_A_LEAF = object()
+
+
+def _map_leaves(node: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`node` rebuilt with leaf(x) for each x that leaf takes (it returns
+    _NOT_A_LEAF for the rest), visiting what the producer lists as a batch's
+    leaves in its order (see _structure.flatten)."""
+    done = leaf(node)
+    if done is not _NOT_A_LEAF:
+        return done
+    if isinstance(node, dict):
+        values = {k: _map_leaves(v, leaf) for k, v in node.items()}
+        if type(node) is dict:
+            return values
+        try:
+            return type(node)(values)
+        except TypeError:
+            return values
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return type(node)(*(_map_leaves(v, leaf) for v in node))
+    if type(node) in (list, tuple):
+        return type(node)(_map_leaves(v, leaf) for v in node)
+    return node
+
+
 def _ring(lease: Lease) -> torch.Tensor:
     path = f"/proc/{lease.pid}/fd/{lease.fd}"
     # By the memory's identity too: a later ring may get the same fd number.
@@ -112,16 +148,11 @@ class _SlotWriter:
         lane = self.lane
         if lane >= len(self.lease.offsets):
             raise _DoesNotFit("more tensors than the first batch")
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = itemsize
-        for n in shape:
-            nbytes *= n
-        offset = self.lease.offsets[lane]
-        if nbytes > self.lease.bytes[lane] or offset % itemsize != 0:
+        placed = RingTensor(self.lease.offsets[lane], tuple(shape), dtype)
+        if _nbytes(placed) > self.lease.bytes[lane] or placed.offset % dtype.itemsize != 0:
             raise _DoesNotFit("larger than the first batch")
         self.lane += 1
-        view = self.ring[offset:offset + nbytes].view(dtype).view(shape)
-        return view, RingTensor(offset, tuple(shape), dtype)
+        return _view(self.ring, placed), placed
 
     def stack(self, batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> RingTensor:
         elem = batch[0]
@@ -156,28 +187,12 @@ def _default_into(writer: _SlotWriter, samples: list[Any]) -> Any:
 
 
 def _place(writer: _SlotWriter, node: Any) -> Any:
-    """`node` with its batch tensors copied into the ring, in the order in
-    which the producer lists a batch's tensors (see _structure.flatten)."""
-    if isinstance(node, torch.Tensor):
-        if node.dim() == 0:
-            return node
-        return writer.copy(node)
-    if isinstance(node, dict):
-        return _rebuild_dict(node, {k: _place(writer, v) for k, v in node.items()})
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return type(node)(*(_place(writer, v) for v in node))
-    if isinstance(node, (list, tuple)):
-        return type(node)(_place(writer, v) for v in node) if type(node) in (list, tuple) else node
-    return node
-
-
-def _rebuild_dict(node: dict[Any, Any], values: dict[Any, Any]) -> Any:
-    if type(node) is dict:
-        return values
-    try:
-        return type(node)(values)
-    except TypeError:
-        return values
+    """`node` with its batch tensors copied into the ring."""
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return _NOT_A_LEAF
+        return writer.copy(x) if x.dim() > 0 else x
+    return _map_leaves(node, leaf)
 
 
 class collate:
@@ -232,18 +247,7 @@ class collate:
 
 def materialize(node: Any, ring: torch.Tensor) -> Any:
     """A worker's batch with its RingTensors as views of the producer's ring."""
-    if isinstance(node, RingTensor):
-        nbytes = node.dtype.itemsize
-        for n in node.shape:
-            nbytes *= n
-        return ring[node.offset:node.offset + nbytes].view(node.dtype).view(node.shape)
-    if isinstance(node, dict):
-        return _rebuild_dict(node, {k: materialize(v, ring) for k, v in node.items()})
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return type(node)(*(materialize(v, ring) for v in node))
-    if type(node) in (list, tuple):
-        return type(node)(materialize(v, ring) for v in node)
-    return node
+    return _map_leaves(node, lambda x: _view(ring, x) if isinstance(x, RingTensor) else _NOT_A_LEAF)
 
 
 class _LeasingBatches:

@@ -407,12 +407,7 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
     space_.notify_all();
     throw;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_copied += static_cast<int64_t>(copied);
-    if (leased && copied == 0) stats_.batches_in_place += 1;
-  }
-  announce(batch, slot, layout, start, waited);
+  announce(batch, slot, layout, start, waited, copied, leased.has_value() && copied == 0);
   return waited;
 }
 
@@ -480,7 +475,7 @@ std::pair<std::byte*, uint64_t> Producer::host_memory() const {
 }
 
 void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
-                        Clock::time_point start, double waited) {
+                        Clock::time_point start, double waited, uint64_t copied, bool in_place) {
   protocol::Announcement a;
   a.seq = slot.seq;
   a.event = slot.event;
@@ -504,6 +499,8 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   stats_.batches_published += 1;
   stats_.samples_published += batch.samples;
   for (uint64_t b : layout.bytes) stats_.bytes_published += static_cast<int64_t>(b);
+  stats_.bytes_copied += static_cast<int64_t>(copied);
+  if (in_place) stats_.batches_in_place += 1;
   stats_.publish_seconds += seconds_since(start) - waited;
   last_publish_end_ = Clock::now();
   stream_.push_back(std::move(a));

@@ -268,7 +268,7 @@ class Producer {
   std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout);
   void note_loader_time();  // under mu_: the time since the last publish was the loader's
   void announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
-                Clock::time_point start, double waited);
+                Clock::time_point start, double waited, uint64_t copied, bool in_place);
 
   // Waits on `cv` until `done()`, calling options_.interrupt (unlocked) about
   // every 100 ms. Returns false if `timeout` (< 0: none) passed first.

@@ -283,17 +283,20 @@ def overhead(args) -> list[float]:
 
 def role_producer_cpu(args) -> None:
     """Process CPU per batch of publishing into a GPU ring, from unpinned and
-    from pinned loader tensors, beside one plain .to(device, non_blocking=True).
-    No consumer is present, so every slot is free again as soon as it is
-    announced: this is the producer's own cost, nothing waits."""
+    from pinned loader tensors, and from batches a loader worker wrote into
+    the ring's pinned host mirror (in place: here this process writes them,
+    outside the timed calls, as a worker would), beside one plain
+    .to(device, non_blocking=True). No consumer is present, so every slot is
+    free again as soon as it is announced: this is the producer's own cost,
+    nothing waits."""
     from batchcast import _C
     from batchcast._structure import flatten
 
     n, device = 200, torch.device(args.device)
     out = {}
-    for variant in ("unpinned", "pinned", "plain .to()"):
+    for variant in ("unpinned", "pinned", "in place", "plain .to()"):
         batches = [(torch.rand(BATCH, 3, SIZE, SIZE), torch.arange(BATCH)) for _ in range(n)]
-        if variant != "unpinned":
+        if variant in ("pinned", "plain .to()"):
             batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
         if variant == "plain .to()":
             start = time.process_time()
@@ -304,6 +307,29 @@ def role_producer_cpu(args) -> None:
             continue
         core = _C.Producer(name=f"cpu-{os.getpid()}-{len(out)}", cuda_device=device.index or 0, slots=8)
         core.begin_epoch(0)
+        if variant == "in place":
+            leaves, layout, samples = flatten(batches[0])
+            core.publish(leaves, layout, samples)  # the ring is allocated by the first
+            cpu = 0.0
+            for x, y in batches[1:]:
+                start = time.process_time()
+                seq, _fd, _bytes, offsets, _sizes = core.lease(8)
+                cpu += time.process_time() - start
+                mirror = core.host_ring()
+                views = [mirror[o:o + t.nbytes].view(t.dtype).view(t.shape) for o, t in zip(offsets, (x, y))]
+                for view, t in zip(views, (x, y)):
+                    view.copy_(t)  # the worker's part
+                start = time.process_time()
+                core.publish([views[0], views[1]], layout, samples, seq)
+                cpu += time.process_time() - start
+                del views, mirror
+            stats = core.stats()
+            assert stats["batches_in_place"] == n - 1, stats  # all but the first
+            core.end_epoch()
+            core.finish()
+            out[variant] = cpu / (n - 1) * 1e6
+            core.close()
+            continue
         flat = [flatten(b) for b in batches]
         for leaves, layout, samples in flat[:20]:  # the ring is allocated by the first
             core.publish(leaves, layout, samples)

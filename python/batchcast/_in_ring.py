@@ -16,9 +16,12 @@ from __future__ import annotations
 import collections
 import mmap
 import os
+import warnings
 from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
+
+from ._core import _C
 
 # The lease of the batch this worker collates next: set when the worker
 # receives the batch's indices (unpickling them), taken by `collate`. A worker
@@ -307,6 +310,7 @@ class Leaser:
         self.unleased = 0
         self.for_copies: collections.deque[int] = collections.deque()
         self.primed = False
+        self.off = False  # leasing failed for good (see take)
         self._ring: torch.Tensor | None = None
         self._collate = loader.collate_fn
         self._batch_sampler = loader.batch_sampler
@@ -316,11 +320,24 @@ class Leaser:
         # wrapper keeps its length and attributes, so the loader behaves the same.
         object.__setattr__(loader, "batch_sampler", _LeasingBatches(self._batch_sampler, self))
 
-    def take(self) -> Lease | None:
-        core = self.core
-        if core is None:
+    def _lease(self) -> tuple[int, int, int, list[int], list[int]] | None:
+        if self.core is None or self.off:
             return None
-        got = core.lease(self.limit)
+        try:
+            return self.core.lease(self.limit)  # type: ignore[no-any-return]
+        except _C.CudaError as exc:
+            # A GPU ring whose host mirror cannot be pinned: batches take the
+            # copy through staging instead, as with any other loader.
+            self.off = True
+            warnings.warn(f"batchcast: loader workers cannot write into pinned memory ({exc}); "
+                          "each batch is copied to the GPU through staging instead",
+                          RuntimeWarning, stacklevel=2)
+            return None
+
+    def take(self) -> Lease | None:
+        if self.core is None:
+            return None
+        got = self._lease()
         if got is None:
             self.unleased += 1
             return None
@@ -353,7 +370,7 @@ class Leaser:
             return
         self.primed = True
         for _ in range(self.unleased):
-            got = self.core.lease(self.limit)
+            got = self._lease()
             if got is None:
                 break
             self.out.add(got[0])

@@ -130,10 +130,11 @@ class Producer:
         if samples_per_epoch is None:
             samples_per_epoch = _samples_per_epoch(loader)
         # A DataLoader's workers write its batches into the ring themselves
-        # (host ring only): each batch it hands a worker gets a slot, so the
-        # ring holds the batches the loader has in flight too (they take no
-        # memory of their own then).
-        in_place = kind == "cpu" and Leaser.applies(loader)
+        # (a GPU ring: into its pinned host mirror, copied from there to the
+        # GPU): each batch it hands a worker gets a slot, so the ring holds
+        # the batches the loader has in flight too (they take no memory of
+        # their own then).
+        in_place = Leaser.applies(loader)
         in_flight = Leaser.in_flight(loader) if in_place else 0
         self._core: _C.Producer | None = _C.Producer(
             name=name,

@@ -85,3 +85,60 @@ TEST(Cuda, RingCopiesStagedBytesExactlyOnce) {
   }
   EXPECT_THROW(ring.copy_in(ring.staging(16), 2 * n - 8, 16), InvalidArgument);
 }
+
+// Loader workers write a GPU ring's batches into its pinned host mirror (same
+// offsets); the producer copies them from there to the GPU with no host copy.
+TEST(Cuda, LeasesOfAGpuRingAreInItsPinnedHostMirror) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU tests need a GPU machine";
+  ProducerOptions options;
+  options.name = "cuda-mirror";
+  options.runtime_dir = ::testing::TempDir() + "/bc-cuda-mirror";
+  options.cuda_device = 0;
+  options.slots = 4;
+  Producer producer(options);
+  auto batch = [](at::Tensor t) {
+    Batch b;
+    b.samples = t.size(0);
+    b.layout = "ids";
+    b.leaves.emplace_back(std::move(t));
+    return b;
+  };
+  producer.begin_epoch(0);
+  EXPECT_FALSE(producer.lease(2));  // no ring before the first batch
+  producer.publish(batch(at::arange(0, 1000, at::kLong)));  // sizes the ring
+  EXPECT_EQ(producer.stats().bytes_copied, 8000);
+  EXPECT_EQ(producer.host_memory().first, nullptr);  // no mirror until a lease asks for it
+
+  auto a = producer.lease(2);
+  ASSERT_TRUE(a);
+  auto [mirror, mirror_bytes] = producer.host_memory();
+  ASSERT_NE(mirror, nullptr);
+  EXPECT_EQ(a->ring_bytes, mirror_bytes);
+  EXPECT_EQ(mirror_bytes, producer.stats().ring_bytes);
+  ASSERT_GE(a->fd, 0);
+  EXPECT_TRUE(cuda::runtime().is_pinned(mirror + a->offsets[0]));
+  auto in_mirror = [&](const Producer::Lease& l, int64_t start) {
+    at::Tensor t = at::from_blob(mirror + l.offsets[0], {1000}, at::TensorOptions().dtype(at::kLong));
+    t.copy_(at::arange(start, start + 1000, at::kLong));
+    return t;
+  };
+  producer.publish(batch(in_mirror(*a, 1000)), a->seq);
+  ProducerStats s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 8000);  // the first batch's only
+  EXPECT_EQ(s.batches_in_place, 1);
+  EXPECT_EQ(s.direct_copies, 1);
+
+  // In the mirror but at another lease's place: copied through staging.
+  auto b = producer.lease(2);
+  auto c = producer.lease(2);
+  ASSERT_TRUE(b && c);
+  producer.publish(batch(in_mirror(*b, 2000)), c->seq);
+  s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 16000);
+  EXPECT_EQ(s.batches_in_place, 1);
+  EXPECT_EQ(s.direct_copies, 1);
+  EXPECT_EQ(s.leases_out, 1);  // b
+  producer.return_lease(b->seq);
+  producer.end_epoch();
+  producer.finish();
+}

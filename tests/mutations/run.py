@@ -63,6 +63,13 @@ MUTANTS = {
         "a pinned loader tensor is let go before the copy straight out of it is done",
         "read_after_its_copy and pinned",
     ),
+    "mirror-not-pinned": (
+        "csrc/batchcast/ring/cuda_ring.cpp",
+        [("      cuda::runtime().host_register(region.data(), region.size());\n", ""),
+         ("    if (mirror_ && p >= mirror_->region.data()", "    if (false && p >= mirror_->region.data()")],
+        "the loader workers' host mirror is not pinned: their batches take the copy through staging",
+        "pinned_mirror",
+    ),
     "release-ignores-stream": (
         "csrc/batchcast/consumer/mapped_ring.cpp",
         [("    void* event = nullptr;\n    try {\n      cuda::DeviceScope scope(stream->device);\n",

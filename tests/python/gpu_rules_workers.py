@@ -14,6 +14,8 @@ through the ring's pinned staging; --memory pinned allocates each batch from
 pinned memory that is handed out again as soon as it is freed (on a GPU,
 torch's pinned-memory cache; on the simulated device, a cache that does the
 same), so the ring copies it directly and must keep it until the copy is done.
+--memory workers has a DataLoader's workers make the same batches, writing
+them into the ring's pinned host mirror (in place).
 
 A consumer checks values (--check):
   host    on the host right after next(): on the simulated device the default
@@ -97,9 +99,49 @@ class Batches:
             del images  # the loader lets go: a pinned block may be handed out again
 
 
+class WorkerSamples(torch.utils.data.Dataset):
+    """For --memory workers: item g is sample g % samples of epoch g // samples,
+    so a DataLoader's workers make the same values as Batches."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.samples, self.ints = args.samples, args.sample_bytes // 4
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, g: int):
+        return torch.full((self.ints,), g, dtype=torch.int32), g % self.samples
+
+
+class EpochBatches:
+    """A batch sampler of global items: epoch e's batches of loader_batch."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.epoch = -1
+
+    def __len__(self) -> int:
+        return -(-self.args.samples // self.args.loader_batch)
+
+    def __iter__(self):
+        self.epoch += 1
+        a = self.args
+        for start in range(0, a.samples, a.loader_batch):
+            yield list(range(self.epoch * a.samples + start, self.epoch * a.samples + min(start + a.loader_batch, a.samples)))
+
+
+def loader(args: argparse.Namespace):
+    """The batches: built here, or (--memory workers) by a DataLoader's
+    workers, which write them into the GPU ring's pinned host mirror."""
+    if args.memory != "workers":
+        return Batches(args)
+    return torch.utils.data.DataLoader(WorkerSamples(args), batch_sampler=EpochBatches(args), num_workers=2,
+                                       persistent_workers=args.persistent_workers)
+
+
 def produce(args: argparse.Namespace) -> None:
     before = current_context()
-    producer = bc.Producer(Batches(args), args.name, device="cuda:0", epochs=args.epochs,
+    producer = bc.Producer(loader(args), args.name, device="cuda:0", epochs=args.epochs,
                            min_consumers=args.min_consumers, slots=args.slots, linger=args.linger,
                            catch_up_window=args.catch_up_window)
     try:
@@ -303,7 +345,8 @@ def main() -> None:
     p.add_argument("--loader-batch", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
-    p.add_argument("--memory", choices=["pageable", "pinned"], default="pageable")
+    p.add_argument("--memory", choices=["pageable", "pinned", "workers"], default="pageable")
+    p.add_argument("--persistent-workers", action="store_true")
     p.add_argument("--min-consumers", type=int, default=1)
     p.add_argument("--linger", type=float, default=30.0)
     p.add_argument("--catch-up-window", type=int, default=None)

@@ -114,6 +114,39 @@ def test_every_value_is_read_after_its_copy(procs, name, device, memory, check):
     assert procs.result("a.json")["stats"]["transfer"] == "view"
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers-per-epoch", "persistent-workers"])
+def test_loader_workers_write_into_the_pinned_mirror_and_every_value_arrives(procs, name, device, persistent):
+    """A DataLoader's two workers write each batch into the GPU ring's pinned
+    host mirror, and the producer copies it from there to the GPU, while the
+    ring stream falls behind before every batch's copies (so slots, and their
+    mirror, are leased again while earlier copies are still queued). Two
+    consumers, one checking on its stream and one rebatching on the host, see
+    every value of three epochs; after the batches the loader asked for before
+    the ring existed, the producer copies nothing on the host."""
+    flags = ["--persistent-workers"] if persistent else []
+    p = start(procs, device, "produce", name, "--memory", "workers", *flags, "--slots", 2, "--epochs", 3,
+              "--min-consumers", 2, ring_lags=True)
+    start(procs, device, "consume", name, "--check", "stream", "--epochs", 3, out="a.json")
+    start(procs, device, "consume", name, "--check", "host", "--batch-size", device.loader_batch + 4,
+          "--epochs", 3, out="b.json")
+    procs.wait_all(timeout=180)
+    per_epoch = device.samples // device.loader_batch
+    assert_clean(procs.result("a.json"), device, [0, 1, 2], per_epoch)
+    rb = procs.result("b.json")
+    assert rb["error"] is None and rb["mismatches"] == 0, rb
+    assert [e["samples"] for e in rb["epochs"]] == [device.samples] * 3
+    stats = producer_stats(procs, p)
+    total = 3 * per_epoch
+    in_flight = 2 * 2 + 1  # workers * prefetch_factor + 1: asked for before the ring existed
+    batch_bytes = device.loader_batch * (device.sample_bytes + 8)
+    assert stats["batches_published"] == total, stats
+    assert stats["batches_in_place"] >= total - in_flight, stats
+    assert stats["bytes_copied"] <= in_flight * batch_bytes, stats
+    # Images and labels of every batch in place went straight from the mirror.
+    assert stats["direct_copies"] >= 2 * stats["batches_in_place"], stats
+    assert stats["leases_out"] == 0, stats
+
+
 def test_a_slot_is_reused_only_after_the_consumers_stream_is_past_it(procs, name, device):
     """A consumer checks each batch on its current stream, which falls further
     behind with every batch, and drops the batch at once; the producer's

@@ -142,6 +142,14 @@ class CudaRuntime final : public Runtime {
     cudaGetLastError();
   }
 
+  void host_register(void* memory, uint64_t bytes) override {
+    check(cudaHostRegister(memory, bytes, cudaHostRegisterDefault), "cudaHostRegister of the workers' memory");
+  }
+  void host_unregister(void* memory) noexcept override {
+    cudaHostUnregister(memory);
+    cudaGetLastError();
+  }
+
   // As torch's is_pinned(): what the driver says about the address.
   bool is_pinned(const void* memory) noexcept override {
     cudaPointerAttributes attr{};

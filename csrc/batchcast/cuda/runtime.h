@@ -55,8 +55,13 @@ class Runtime {
   virtual void device_free(void* memory) noexcept = 0;
   virtual void* host_alloc(uint64_t bytes) = 0;
   virtual void host_free(void* memory) noexcept = 0;
-  // Page-locked host memory the device can copy from directly.
+  // Page-locked host memory the device can copy from directly: what
+  // host_alloc() gave, and memory of the caller's that host_register() pinned
+  // (cudaHostRegister: a shared mapping other processes write into stays
+  // shared) until host_unregister(), which comes before it is unmapped.
   virtual bool is_pinned(const void* memory) noexcept = 0;
+  virtual void host_register(void* memory, uint64_t bytes) = 0;
+  virtual void host_unregister(void* memory) noexcept = 0;
 
   // A stream that does not synchronize with the default stream.
   virtual Stream stream_create() = 0;

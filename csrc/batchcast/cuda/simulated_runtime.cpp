@@ -285,7 +285,24 @@ class SimulatedRuntime final : public Runtime {
 
   bool is_pinned(const void* memory) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
-    return find(pinned_, static_cast<const std::byte*>(memory), 1);
+    return find(pinned_, static_cast<const std::byte*>(memory), 1) ||
+           find(registered_, static_cast<const std::byte*>(memory), 1);
+  }
+
+  void host_register(void* memory, uint64_t bytes) override {
+    need_context();
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto* p = static_cast<const std::byte*>(memory);
+    if (bytes == 0 || find(registered_, p, 1) || find(registered_, p + bytes - 1, 1) ||
+        find(pinned_, p, 1)) {
+      fail("cudaHostRegister", "cudaErrorHostMemoryAlreadyRegistered", "already pinned");
+    }
+    registered_[static_cast<std::byte*>(memory)] = bytes;
+  }
+
+  void host_unregister(void* memory) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.erase(static_cast<std::byte*>(memory));
   }
 
   Stream stream_create() override {
@@ -577,6 +594,7 @@ class SimulatedRuntime final : public Runtime {
   std::map<std::byte*, Allocation> device_;   // this process's device memory
   std::map<std::byte*, Mapping> imported_;    // other processes' device memory
   std::map<std::byte*, uint64_t> pinned_;     // pinned host memory: base, bytes
+  std::map<std::byte*, uint64_t> registered_;  // the caller's memory pinned in place
   std::vector<void*> cached_;                 // pinned blocks given back (take_pinned)
   std::set<SimStream*> streams_;
   Fd table_fd_;  // this process's events

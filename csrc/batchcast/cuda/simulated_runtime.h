@@ -21,7 +21,8 @@
 //     binds the current device's, and leaves it current, as the real runtime
 //     does — so tests can see that batchcast leaves a caller's thread as it
 //     found it;
-//   - pinned host memory is what host_alloc() and take_pinned() gave out.
+//   - pinned host memory is what host_alloc() and take_pinned() gave out,
+//     and what host_register() pinned until host_unregister().
 #pragma once
 
 #include <cstdint>

@@ -31,6 +31,8 @@ class UnavailableRuntime final : public Runtime {
   void* host_alloc(uint64_t) override { unavailable(); }
   void host_free(void*) noexcept override {}
   bool is_pinned(const void*) noexcept override { return false; }
+  void host_register(void*, uint64_t) override { unavailable(); }
+  void host_unregister(void*) noexcept override {}
   Stream stream_create() override { unavailable(); }
   void stream_destroy(Stream) noexcept override {}
   void stream_synchronize(Stream) override { unavailable(); }

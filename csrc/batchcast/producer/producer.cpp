@@ -448,7 +448,7 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
   std::unique_lock<std::mutex> lock(mu_);
   rethrow_io_error();
   check_serving("lease");
-  if (!ring_->allocated() || ring_->host_memory() == nullptr) return std::nullopt;
+  if (!ring_->allocated() || !ring_->open_host_memory()) return std::nullopt;
   if (static_cast<int64_t>(leases_.size()) >= limit) return std::nullopt;
   // Waits for room as a publish would: the batches before this one are out
   // (or leased), so consumers free what this waits for.
@@ -457,7 +457,7 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
   if (last_publish_end_) {  // the wait was for consumers, not for the loader
     *last_publish_end_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(waited));
   }
-  Lease out{slot.seq, slot.offsets, first_.bytes, ring_->description().fd, ring_->bytes()};
+  Lease out{slot.seq, slot.offsets, first_.bytes, ring_->host_fd(), ring_->bytes()};
   leases_.emplace(slot.seq, std::move(slot));
   return out;
 }

@@ -197,22 +197,26 @@ class Producer {
   // own and the lease goes back after the copy.
   double publish(const Batch& batch, std::optional<uint64_t> lease = std::nullopt);
 
-  // A slot of a host ring reserved for a batch like the first, for a loader
-  // worker to write into (at `offsets`, at most `bytes` per tensor leaf);
-  // waits for room as publish() does. nullopt (at once) before the ring
-  // exists, for a GPU ring, or while `limit` leases are out. A lease ends
-  // with the publish() that names it or with return_lease(). Throws Stopped.
+  // A slot reserved for a batch like the first, for a loader worker to write
+  // into (at `offsets`, at most `bytes` per tensor leaf) in the ring's host
+  // memory: a host ring itself, or a GPU ring's pinned host mirror (made by
+  // the first lease; Ring::open_host_memory), from which publish() copies it
+  // to the GPU. Waits for room as publish() does. nullopt (at once) before
+  // the ring exists or while `limit` leases are out. A lease ends with the
+  // publish() that names it or with return_lease(). Throws Stopped, and
+  // CudaError where a GPU ring's mirror cannot be pinned.
   struct Lease {
     uint64_t seq = 0;
     std::vector<uint64_t> offsets;
     std::vector<uint64_t> bytes;
-    int32_t fd = -1;          // the ring: /proc/<producer pid>/fd/<fd> ...
+    int32_t fd = -1;          // the memory: /proc/<producer pid>/fd/<fd> ...
     uint64_t ring_bytes = 0;  // ... of this size
   };
   std::optional<Lease> lease(int64_t limit);
   // The leased slot goes back unused (nothing may write into it any more).
   void return_lease(uint64_t seq);
-  // The producer's mapping of a host ring, and its size: where leases are.
+  // The producer's mapping of the memory leases are in, and its size
+  // (nullptr before the first lease).
   std::pair<std::byte*, uint64_t> host_memory() const;
   void end_epoch();
   // The loader raised: every consumer gets a LoaderError with this message,

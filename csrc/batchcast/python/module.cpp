@@ -420,8 +420,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("seq"))
       .def("host_ring",
            [](BoundProducer& b) -> py::object {
-             // Bytes of the producer's own mapping of a host ring, valid while
-             // the producer is open (None before the ring exists or for a GPU ring).
+             // Bytes of the producer's own mapping of the memory leases are in
+             // (a host ring, or a GPU ring's pinned mirror), valid while the
+             // producer is open (None before the first lease).
              auto [data, bytes] = b.core->host_memory();
              if (data == nullptr) return py::none();
              return py::cast(at::from_blob(data, {static_cast<int64_t>(bytes)},

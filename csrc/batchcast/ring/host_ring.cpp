@@ -43,6 +43,7 @@ class HostRing final : public Ring {
   }
 
   std::byte* host_memory() override { return region_ ? region_->data() : nullptr; }
+  int host_fd() const override { return region_ ? region_->fd() : -1; }
 
   ~HostRing() override {
     if (prefault_.joinable()) prefault_.join();

@@ -78,9 +78,16 @@ class Ring {
   // host tensors into a GPU ring) rather than through staging.
   virtual int64_t direct_copies() const { return 0; }
 
-  // The producer's own mapping of a host ring (nullptr for GPU memory, or
-  // before allocate()): loader workers write batches there in place.
+  // Host shared memory (a memfd) that loader workers write whole batches
+  // into, at the ring's own offsets (Producer::lease): a host ring's memory
+  // itself; for a GPU ring a pinned host mirror of the ring, from which each
+  // such batch's one host-to-device copy goes. open_host_memory() makes it
+  // (once, after allocate()) and says whether there is one; it throws
+  // CudaError where the mirror cannot be pinned. host_memory() is the
+  // producer's mapping of it (nullptr before), host_fd() its memfd.
+  virtual bool open_host_memory() { return host_memory() != nullptr; }
   virtual std::byte* host_memory() { return nullptr; }
+  virtual int host_fd() const { return -1; }
 
   uint64_t bytes() const { return lanes_ ? lanes_->total_bytes() : 0; }
   int64_t slots_in_use() const { return lanes_ ? static_cast<int64_t>(lanes_->in_flight()) : 0; }

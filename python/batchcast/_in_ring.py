@@ -6,9 +6,10 @@ worker, `collate` stacks the samples straight into that slot and returns a
 small description of what it wrote instead of tensors; the producer turns it
 back into views of its own mapping of the ring and announces them without
 copying. For a GPU ring the slot is in the ring's pinned host mirror (same
-offsets), and the producer's one host-to-device copy goes from there. Whatever cannot go that way (no lease, a batch larger than the
-first, a collate that returns something else) is collated as usual and takes
-the producer's one copy: `Producer.stats()` counts `batches_in_place` and
+offsets), and the producer's one host-to-device copy goes from there.
+Whatever cannot go that way (no lease, a batch larger than the first, a
+collate that returns something else) is collated as usual and takes the
+producer's one copy: `Producer.stats()` counts `batches_in_place` and
 `bytes_copied`.
 """
 

@@ -126,8 +126,9 @@ class EpochBatches:
     def __iter__(self):
         self.epoch += 1
         a = self.args
+        first = self.epoch * a.samples
         for start in range(0, a.samples, a.loader_batch):
-            yield list(range(self.epoch * a.samples + start, self.epoch * a.samples + min(start + a.loader_batch, a.samples)))
+            yield list(range(first + start, first + min(start + a.loader_batch, a.samples)))
 
 
 def loader(args: argparse.Namespace):

@@ -80,13 +80,21 @@ class CudaRing final : public Ring {
     // one implicitly (its current device's, maybe another GPU) and leave it
     // current. The scope puts the caller's context back as it was.
     cuda::DeviceScope scope(options_.cuda_device);
+    struct Leg {  // one tensor leaf's copy into the slot
+      const at::Tensor* t;
+      uint64_t offset;
+      bool direct;
+    };
+    std::vector<Leg> legs;
     uint64_t to_stage = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
       const auto* t = std::get_if<at::Tensor>(&leaf);
       if (t == nullptr) continue;
       const uint64_t offset = slot.offsets[lane++];
-      if (t->numel() > 0 && !direct(*t, offset)) to_stage += staged_size(t->nbytes());
+      if (t->numel() == 0) continue;
+      const Leg& leg = legs.emplace_back(Leg{t, offset, direct(*t, offset)});
+      if (!leg.direct) to_stage += staged_size(t->nbytes());
     }
     // staging() waits until this buffer's previous copies are done, and with
     // them the copies straight from the pinned tensors kept beside it.
@@ -95,14 +103,9 @@ class CudaRing final : public Ring {
     sources_[buffer].clear();
     uint64_t staged_at = 0;
     uint64_t host_copied = 0;
-    lane = 0;
-    for (const Leaf& leaf : batch.leaves) {
-      const auto* t = std::get_if<at::Tensor>(&leaf);
-      if (t == nullptr) continue;
-      const uint64_t offset = slot.offsets[lane++];
+    for (const auto& [t, offset, is_direct] : legs) {
       const uint64_t n = t->nbytes();
-      if (n == 0) continue;
-      if (direct(*t, offset)) {
+      if (is_direct) {
         memory_->copy_in(static_cast<const std::byte*>(t->data_ptr()), offset, n);
         sources_[buffer].push_back(*t);  // alive until the copy is done
         direct_copies_ += 1;

@@ -311,16 +311,20 @@ def role_producer_cpu(args) -> None:
             leaves, layout, samples = flatten(batches[0])
             core.publish(leaves, layout, samples)  # the ring is allocated by the first
             cpu, mirror = 0.0, None
+
+            def in_mirror(offsets, like):  # views of the mirror where the lease puts `like`
+                return [mirror[o:o + t.nbytes].view(t.dtype).view(t.shape) for o, t in zip(offsets, like)]
+
             for x, y in batches[1:]:
                 start = time.process_time()
                 seq, _fd, _bytes, offsets, _sizes = core.lease(8)
                 cpu += time.process_time() - start
                 if mirror is None:
                     mirror = core.host_ring()
-                for o, t in zip(offsets, (x, y)):  # the worker's part
-                    mirror[o:o + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
-                start = time.process_time()  # the producer's: views of the mirror, then the publish
-                views = [mirror[o:o + t.nbytes].view(t.dtype).view(t.shape) for o, t in zip(offsets, (x, y))]
+                for view, t in zip(in_mirror(offsets, (x, y)), (x, y)):  # the worker's part
+                    view.copy_(t)
+                start = time.process_time()  # the producer's: its own views of the mirror, then the publish
+                views = in_mirror(offsets, (x, y))
                 core.publish(views, layout, samples, seq)
                 cpu += time.process_time() - start
                 del views

@@ -71,7 +71,7 @@ def test_loader_workers_write_every_batch_into_the_ring_after_the_first(runtime_
                                                                          persistent, batch_size):
     loader = DataLoader(Samples(1003), batch_size=32, num_workers=2, persistent_workers=persistent)
     per_epoch = -(-1003 // 32)
-    seen, stats, consumer = serve(loader, name, batch_size=batch_size)
+    seen, stats, _ = serve(loader, name, batch_size=batch_size)
     assert seen == [list(range(1003))] * 2
     assert stats["batches_published"] == 2 * per_epoch
     # Only the batches asked of the workers before the ring existed were copied.

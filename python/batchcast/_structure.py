@@ -51,20 +51,41 @@ def _batch_size(obj: Any) -> int | None:
     return first_list
 
 
-def flatten(batch: Any) -> tuple[list[Leaf], str, int]:
-    """Returns (leaves, layout, samples) for one loader batch."""
+def flatten(batch: Any, previous: list[Any] | None = None) -> tuple[list[Leaf], str, int, list[Any]]:
+    """Returns (leaves, layout, samples, tree) for one loader batch. `previous`
+    is the tree of the batch before it: a dict with the same keys in another
+    order is laid out in the previous order, so that it is the same structure
+    (its leaves in the same places) and consumers can rebatch across it."""
     samples = _batch_size(batch)
     if samples is None:
         raise TypeError(
             f"batchcast cannot tell the batch size of a {type(batch).__name__}: a batch needs at "
-            "least one tensor with a batch dimension or one per-sample list"
+            "least one tensor with a batch dimension or one per-sample list" + _numpy_hint(batch)
         )
     leaves: list[Leaf] = []
-    layout = _visit(batch, "batch", samples, leaves)
-    return leaves, json.dumps(layout, separators=(",", ":")), samples
+    tree = _visit(batch, "batch", samples, leaves, previous)
+    return leaves, json.dumps(tree, separators=(",", ":")), samples, tree
 
 
-def _visit(node: Any, path: str, samples: int, leaves: list[Leaf]) -> list[Any]:
+def _numpy_hint(batch: Any) -> str:
+    """What to do when a batch holds numpy arrays, which batchcast does not share."""
+    stack, seen = [batch], 0
+    while stack and seen < 10_000:
+        node = stack.pop()
+        seen += 1
+        if type(node).__module__ == "numpy" and hasattr(node, "shape"):
+            return ("; it holds a numpy array, which batchcast does not share: return tensors "
+                    "(torch.from_numpy(a) in the dataset, or the default collate_fn, which "
+                    "converts numpy arrays)")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return ""
+
+
+def _visit(node: Any, path: str, samples: int, leaves: list[Leaf],
+           previous: list[Any] | None) -> list[Any]:
     # Module level for the same reason as _build: no reference cycles over tensors.
     if isinstance(node, torch.Tensor):
         if node.dim() == 0:
@@ -86,11 +107,19 @@ def _visit(node: Any, path: str, samples: int, leaves: list[Leaf]) -> list[Any]:
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise TypeError(f"dict at {path} has a key of type {type(k).__name__}; "
                                 "batchcast supports str and int keys")
-        return ["d", keys, [_visit(node[k], f"{path}[{k!r}]", samples, leaves) for k in keys]]
+        before = previous if previous is not None and previous[0] == "d" else None
+        if before is not None and before[1] != keys and len(before[1]) == len(keys) \
+                and set(before[1]) == set(keys):
+            keys = list(before[1])  # the same dict in another order: the order before it
+        children = (dict(zip(before[1], before[2])) if before is not None else {})
+        return ["d", keys, [_visit(node[k], f"{path}[{k!r}]", samples, leaves, children.get(k))
+                            for k in keys]]
     if _is_namedtuple(node):
         cls = type(node)
+        kids = _children(previous, "n", 4, len(node))
         return ["n", cls.__module__, cls.__qualname__, list(cls._fields),
-                [_visit(v, f"{path}.{f}", samples, leaves) for f, v in zip(cls._fields, node)]]
+                [_visit(v, f"{path}.{f}", samples, leaves, kid)
+                 for f, v, kid in zip(cls._fields, node, kids)]]
     if isinstance(node, (list, tuple)):
         if node and all(isinstance(v, _PLAIN) for v in node):
             if len(node) != samples:
@@ -104,13 +133,22 @@ def _visit(node: Any, path: str, samples: int, leaves: list[Leaf]) -> list[Any]:
                 leaves.append((JSON, [json.dumps(v) for v in node]))
             return ["S", len(leaves) - 1, isinstance(node, tuple)]
         tag = "t" if isinstance(node, tuple) else "l"
-        return [tag, [_visit(v, f"{path}[{i}]", samples, leaves) for i, v in enumerate(node)]]
+        kids = _children(previous, tag, 1, len(node))
+        return [tag, [_visit(v, f"{path}[{i}]", samples, leaves, kid)
+                      for i, (v, kid) in enumerate(zip(node, kids))]]
     raise TypeError(
         f"batchcast cannot share the {type(node).__module__}.{type(node).__qualname__} at "
         f"{path}: supported are tensors, per-sample lists of str/int/float/bool/None, "
         "scalars, and tuples, lists, dicts and namedtuples of these (convert other objects "
         "to tensors in the dataset or collate_fn)"
     )
+
+
+def _children(previous: list[Any] | None, tag: str, at: int, count: int) -> list[Any]:
+    """The previous batch's children of a container like this one (else Nones)."""
+    if previous is not None and previous[0] == tag and len(previous[at]) == count:
+        return list(previous[at])
+    return [None] * count
 
 
 _layouts: dict[str, Any] = {}

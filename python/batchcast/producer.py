@@ -155,6 +155,7 @@ class Producer:
         self._thread: threading.Thread | None = None
         self._stats: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        self._tree: list[Any] | None = None  # the last batch's structure (see flatten)
         self.epochs_begun = 0  # a consumer joining now starts after these
         self.epochs_served = 0
 
@@ -196,7 +197,7 @@ class Producer:
                 lease = None
                 if leaser is not None:
                     batch, lease = leaser.unpack(batch)
-                leaves, layout, samples = flatten(batch)
+                leaves, layout, samples, self._tree = flatten(batch, self._tree)
                 core.publish(leaves, layout, samples, lease)
                 del batch, leaves  # views of the ring: none outlives the producer
                 if leaser is not None:

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "batchcast/common/error.h"
+#include "batchcast/consumer/layout.h"
 #include "batchcast/consumer/rebatcher.h"
 
 using namespace batchcast;
@@ -172,6 +173,83 @@ TEST(Rebatcher, MismatchedSampleShapesAreAClearError) {
   } catch (const RebatchError& e) {
     EXPECT_NE(std::string(e.what()).find("int64"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
+  }
+}
+
+// A consumer batch never joins loader batches of different structures: it
+// would hand out one leaf's values under another's name. Where the layouts
+// of the batches it would join differ, the error says what changed and where.
+TEST(Rebatcher, RefusesToJoinLoaderBatchesWhoseStructureChanged) {
+  const std::string xy = R"(["d",["x","y"],[["T",0],["S",1,false]]])";
+  struct Case {
+    std::string later;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {R"(["d",["x","z"],[["T",0],["S",1,false]]])", "the dict's keys ['x', 'y'] became ['x', 'z']"},
+      {R"(["d",["y","x"],[["S",1,false],["T",0]]])", "the dict's keys ['x', 'y'] became ['y', 'x']"},
+      {R"(["t",[["T",0],["S",1,false]]])", "at batch: a dict with keys ['x', 'y'] became a tuple of 2 items"},
+      {R"(["d",["x","y"],[["T",0],["S",1,true]]])", "at batch['y']: a per-sample list became a per-sample tuple"},
+      {"not a layout", "its structure description changed"},
+  };
+  for (const Case& c : cases) {
+    FakeRing ring;
+    Rebatcher r(6, false);
+    auto first = ring.make(4);
+    first.announcement.layout = xy;
+    auto later = ring.make(4);
+    later.announcement.layout = c.later;
+    r.push(std::move(first));
+    r.push(std::move(later));
+    try {
+      r.pop();
+      FAIL() << "joined " << xy << " with " << c.later;
+    } catch (const RebatchError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("loader batch 1 of epoch 0 with loader batch 0"), std::string::npos)
+          << e.what();
+    }
+  }
+  // Batches of one structure, and a change where no consumer batch spans it, are fine.
+  FakeRing ring;
+  Rebatcher r(4, false);
+  for (const std::string& l : {xy, xy, std::string(R"(["t",[["T",0],["S",1,false]]])")}) {
+    auto b = ring.make(4);
+    b.announcement.layout = l;
+    r.push(std::move(b));
+  }
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(r.pop().has_value());
+}
+
+TEST(Layout, SaysWhatChangedAndWhereALeafSits) {
+  using layout::describe_change;
+  EXPECT_FALSE(describe_change(R"(["T",0])", R"(["T",0])"));
+  EXPECT_FALSE(describe_change(R"(["T", 0])", R"(["T",0])")) << "the same structure, written otherwise";
+  EXPECT_EQ(*describe_change(R"(["d",["a"],[["v",3]]])", R"(["d",["a"],[["v",4]]])"),
+            "at batch['a']: the value 3 became 4 (a value beside the samples, not one per sample)");
+  EXPECT_EQ(*describe_change(R"(["l",[["z",1,"int64"]]])", R"(["l",[["z",2,"int64"]]])"),
+            "at batch[0]: a 0-d tensor holding 1 (int64) became one holding 2 (int64) (a 0-d tensor is one "
+            "value beside the samples, not one per sample)");
+  EXPECT_EQ(*describe_change(R"(["n","m","P",["a","b"],[["T",0],["T",1]]])",
+                             R"(["n","m","Q",["a","b"],[["T",0],["T",1]]])"),
+            "at batch: a namedtuple P(a, b) became a namedtuple Q(a, b)");
+  EXPECT_EQ(*describe_change(R"(["n","m","P",["a","b"],[["T",0],["v",null]]])",
+                             R"(["n","m","P",["a","b"],[["T",0],["v","it's"]]])"),
+            R"(at batch.b: the value None became 'it\'s' (a value beside the samples, not one per sample))");
+  EXPECT_EQ(*describe_change(R"(["d",[1,"k"],[["T",0],["l",[["T",1]]]]])",
+                             R"(["d",[1,"k"],[["T",0],["l",[["S",1,false]]]]])"),
+            "at batch['k'][0]: a tensor became a per-sample list");
+  EXPECT_EQ(layout::leaf_path(R"(["d",[1,"k"],[["T",0],["n","m","P",["img"],[["T",1]]]]])", 1),
+            "batch['k'].img");
+  EXPECT_EQ(layout::leaf_path(R"(["d",[1,"k"],[["T",0],["T",1]]])", 0), "batch[1]");
+  EXPECT_EQ(layout::leaf_path("L", 2), "leaf 2");
+  // Nothing a producer could send makes the reader fail otherwise than by saying so.
+  const std::string deep(100000, '[');
+  EXPECT_TRUE(describe_change(deep, "[]"));
+  EXPECT_EQ(layout::leaf_path(deep, 0), "leaf 0");
+  for (const char* odd : {"", "[", "[\"", "[\"T\",", "[\"d\",[\"a\"],[]]", "]", "[1 2]"}) {
+    EXPECT_TRUE(describe_change(odd, R"(["T",0])")) << odd;
+    EXPECT_EQ(layout::leaf_path(odd, 0), "leaf 0") << odd;
   }
 }
 

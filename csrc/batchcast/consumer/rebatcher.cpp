@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "batchcast/common/error.h"
+#include "batchcast/consumer/layout.h"
 #include "batchcast/protocol/dtype.h"
 
 namespace batchcast {
@@ -53,6 +54,37 @@ LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
   }
   copy.device = b.device;
   return copy;
+}
+
+// Samples of two loader batches go into one consumer batch only if the two
+// have one structure: the same containers, keys, leaves and values beside the
+// samples (a reordered dict is laid out in one order by the producer), and
+// per-sample lists of one kind. Anything else would hand out one leaf's
+// values under another's name, or drop a value: refused, saying what changed.
+void check_same_structure(const protocol::Announcement& first, const protocol::Announcement& other) {
+  auto refuse = [&](const std::string& what) {
+    throw RebatchError(
+        "cannot rebatch loader batch " + std::to_string(other.index) + " of epoch " +
+        std::to_string(other.epoch) + " with loader batch " + std::to_string(first.index) +
+        " before it: its structure changed (" + what +
+        "), and one consumer batch takes samples of both. Make the loader yield one structure "
+        "(the same containers, keys, dtypes and values beside the samples), or use batch_size=None "
+        "to receive the loader's batches as they are");
+  };
+  if (auto change = layout::describe_change(first.layout, other.layout)) refuse(*change);
+  if (other.leaves.size() != first.leaves.size()) {
+    refuse(std::to_string(first.leaves.size()) + " leaves became " + std::to_string(other.leaves.size()));
+  }
+  for (std::size_t j = 0; j < first.leaves.size(); ++j) {
+    if (other.leaves[j].index() != first.leaves[j].index()) refuse("a tensor and a per-sample list swapped places");
+    const auto* a = std::get_if<protocol::ListLeaf>(&first.leaves[j]);
+    const auto* b = std::get_if<protocol::ListLeaf>(&other.leaves[j]);
+    if (a != nullptr && a->kind != b->kind) {
+      refuse("at " + layout::leaf_path(first.layout, j) + ": " +
+             (a->kind == ListKind::Text ? "a list of strings became a list of other values"
+                                        : "a list of values became a list of strings"));
+    }
+  }
 }
 
 }  // namespace
@@ -303,15 +335,10 @@ Batch Rebatcher::take(int64_t n) {
   out.epoch = first.epoch;
   out.samples = n;
   out.layout = first.layout;
+  for (std::size_t k = 1; k < pieces.size(); ++k) {
+    check_same_structure(pieces[k - 1].batch->announcement, pieces[k].batch->announcement);
+  }
   for (std::size_t j = 0; j < first.leaves.size(); ++j) {
-    for (const Piece& p : pieces) {
-      const auto& leaves = p.batch->announcement.leaves;
-      if (leaves.size() != first.leaves.size() || leaves[j].index() != first.leaves[j].index()) {
-        throw RebatchError("loader batch " + std::to_string(p.batch->announcement.index) +
-                           " has a different structure from loader batch " +
-                           std::to_string(first.index) + "; a loader must yield one structure");
-      }
-    }
     if (const auto* t0 = std::get_if<protocol::TensorLeaf>(&first.leaves[j])) {
       const uint64_t elem = protocol::element_size(t0->dtype);
       uint64_t row = elem;
@@ -332,12 +359,14 @@ Batch Rebatcher::take(int64_t n) {
         if (t.dtype != t0->dtype ||
             !std::equal(t.shape.begin() + 1, t.shape.end(), t0->shape.begin() + 1, t0->shape.end())) {
           throw RebatchError(
-              "cannot rebatch tensor leaf " + std::to_string(j) + ": loader batch " +
-              std::to_string(first.index) + " has samples of shape " + shape_text(t0->shape) + " " +
-              protocol::dtype_name(t0->dtype) + " but loader batch " +
-              std::to_string(p.batch->announcement.index) + " has " + shape_text(t.shape) + " " +
-              protocol::dtype_name(t.dtype) +
-              "; use a consumer batch_size equal to the loader's, or make sample shapes uniform");
+              "cannot rebatch " + layout::leaf_path(first.layout, j) + ": loader batch " +
+              std::to_string(first.index) + " of epoch " + std::to_string(first.epoch) +
+              " has samples of shape " + shape_text(t0->shape) + " " + protocol::dtype_name(t0->dtype) +
+              " but loader batch " + std::to_string(p.batch->announcement.index) + " has " +
+              shape_text(t.shape) + " " + protocol::dtype_name(t.dtype) +
+              ", and one consumer batch takes samples of both; make every sample of a leaf the same "
+              "shape and dtype (pad them in the collate_fn), or use batch_size=None to receive the "
+              "loader's batches as they are");
         }
         if (expect != nullptr && start_of(p) != expect) contiguous = false;
         expect = start_of(p) + static_cast<uint64_t>(p.count) * row;

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._C import (
         PROTOCOL_VERSION,
         CudaError,
+        EpochsExhausted,
         Error,
         Evicted,
         GroupError,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 # Everything else loads on first use (PEP 562), torch and the core with it, so
 # that the command line answers at once: `bc.Producer`, `from batchcast import
 # Consumer` and the exceptions work as plain attributes.
-_FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "Error", "Evicted", "GroupError", "LoaderError",
+_FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "EpochsExhausted", "Error", "Evicted", "GroupError", "LoaderError",
               "NameInUse", "ProducerLost", "RebatchError", "Refused")
 _FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer", "collate": "._in_ring"}
 
@@ -91,6 +92,7 @@ __all__ = [
     "BatchcastWarning",
     "Consumer",
     "CudaError",
+    "EpochsExhausted",
     "Error",
     "Evicted",
     "GroupError",

@@ -140,7 +140,9 @@ def _visit(node: Any, path: str, samples: int, leaves: list[Leaf],
         f"batchcast cannot share the {type(node).__module__}.{type(node).__qualname__} at "
         f"{path}: supported are tensors, per-sample lists of str/int/float/bool/None, "
         "scalars, and tuples, lists, dicts and namedtuples of these (convert other objects "
-        "to tensors in the dataset or collate_fn)"
+        "to tensors in the dataset or collate_fn" +
+        ("; torch.from_numpy(a) for a numpy array" if type(node).__module__ == "numpy" else "")
+        + ")"
     )
 
 

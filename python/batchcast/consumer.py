@@ -3,7 +3,6 @@ script. Yields the producer's batches rebatched to this consumer's size."""
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._core import _C
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
         group: str
         rank: int
         world_size: int
+        empty_past_last_epoch: bool
 
     class _Resume(TypedDict, total=False):
         resume_epoch: int
@@ -138,9 +138,13 @@ class Consumer:
         rank: int | None = None,
         world_size: int | None = None,
         state: dict[str, Any] | None = None,
+        past_last_epoch: str = "raise",
     ) -> None:
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or not 0 < batch_size < 2**63):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
+        if past_last_epoch not in ("raise", "empty"):
+            raise ValueError(f"past_last_epoch must be 'raise' or 'empty', not {past_last_epoch!r}")
         if late_join not in ("next_epoch", "catch_up"):
             raise ValueError(f"late_join must be 'next_epoch' or 'catch_up', not {late_join!r}")
         if release_after not in ("stream", "device"):
@@ -166,6 +170,7 @@ class Consumer:
             group=self.group or "",
             rank=self.rank or 0,
             world_size=self.world_size or 0,
+            empty_past_last_epoch=past_last_epoch == "empty",
         )
         self._core: _C.Consumer | None = None
         self._stats: dict[str, Any] | None = None
@@ -227,20 +232,12 @@ class Consumer:
         return self._epoch(core)
 
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
-        empty = True
         while True:
             item = core.next()
             if item is None:
                 break
-            empty = False
             layout, leaves, _ = item
             yield unflatten(layout, leaves)
-        if empty and core.finished:
-            warnings.warn(
-                f"batchcast producer '{self.name}' has finished serving; this epoch is empty",
-                RuntimeWarning,
-                stacklevel=2,
-            )
 
     def __len__(self) -> int:
         n = self._live().batches_per_epoch

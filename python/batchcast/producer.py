@@ -31,6 +31,10 @@ def _stop_serving_at_exit() -> None:
                          producer.name, type(exc).__name__, exc)
 
 
+class _CannotShare(Exception):
+    """The loader yielded what the producer cannot serve (its message says why)."""
+
+
 def _samples_per_epoch(loader: Any) -> int:
     """Samples a DataLoader yields per epoch, or -1 when it cannot tell in advance."""
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -156,6 +160,7 @@ class Producer:
         self._stats: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self._tree: list[Any] | None = None  # the last batch's structure (see flatten)
+        self._batches_served = 0  # in whole epochs
         self.epochs_begun = 0  # a consumer joining now starts after these
         self.epochs_served = 0
 
@@ -190,6 +195,7 @@ class Producer:
         core.begin_epoch(epoch)
         iterator = iter(self.loader)
         leaser = self._leaser
+        batches = 0
         try:
             for batch in iterator:
                 if self._stop.is_set():
@@ -197,14 +203,25 @@ class Producer:
                 lease = None
                 if leaser is not None:
                     batch, lease = leaser.unpack(batch)
-                leaves, layout, samples, self._tree = flatten(batch, self._tree)
-                core.publish(leaves, layout, samples, lease)
+                try:
+                    leaves, layout, samples, self._tree = flatten(batch, self._tree)
+                    core.publish(leaves, layout, samples, lease)
+                except (TypeError, ValueError) as exc:  # a batch it cannot share
+                    raise _CannotShare(f"loader batch {batches}: {exc}") from exc
                 del batch, leaves  # views of the ring: none outlives the producer
+                batches += 1
                 if leaser is not None:
                     leaser.published()
                 yield None
             if leaser is not None:
                 leaser.epoch_done()
+            if batches == 0 and self._batches_served > 0:
+                raise _CannotShare(
+                    f"the loader yielded no batch in epoch {epoch}, after {self._batches_served} "
+                    "in the epochs before: a generator (or any other iterator) can be iterated only "
+                    "once. Give the Producer something that makes a new iterator per epoch (a "
+                    "DataLoader, a list, or a class whose __iter__ returns a new generator), or "
+                    "serve one epoch (epochs=1)")
         except _C.Stopped:
             raise
         except Exception as exc:
@@ -212,11 +229,16 @@ class Producer:
                 # Stopping (a Ctrl-C may also reach spawned loader workers):
                 # consumers hear that the producer stopped, not a loader error.
                 raise _C.Stopped("producer stopped") from exc
+            if isinstance(exc, _CannotShare):
+                core.fail(str(exc), cannot_share=True)
+                raise _C.LoaderError(f"batchcast producer '{self.name}' cannot serve what its "
+                                     f"loader yielded in epoch {epoch}: {exc}") from exc.__cause__
             core.fail(f"{type(exc).__name__}: {exc}")
             raise
         finally:
             del iterator  # shuts DataLoader workers down as a loop would
         core.end_epoch()
+        self._batches_served += batches
         self.epochs_served = epoch + 1
 
     def start(self) -> "Producer":

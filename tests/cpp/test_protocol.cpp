@@ -84,7 +84,9 @@ TEST(Protocol, EveryKindRoundTrips) {
                               sample_announcement(),
                               EpochEnd{1, 1003, 32},
                               LoaderFailed{0, "ValueError: bad sample 7"},
+                              LoaderFailed{3, "loader batch 2: no tensor", LoaderFailed::Cause::CannotShare},
                               Finished{2},
+                              Finished{3, true},
                               Heartbeat{},
                               Release{{1, 2, 3}},
                               Bye{},
@@ -99,7 +101,7 @@ TEST(Protocol, EveryKindRoundTrips) {
                               GroupBroken{2, "rank 1 exited"},
                               MailboxReady{7, 1u << 20, 1u << 19, 1u << 18, 8, 10},
                               group_hello()};
-  ASSERT_EQ(all.size(), std::variant_size_v<Message> + 2);  // RingReady and Hello twice
+  ASSERT_EQ(all.size(), std::variant_size_v<Message> + 4);  // RingReady, Hello, LoaderFailed, Finished twice
   for (const auto& m : all) {
     auto bytes = encode(m);
     auto back = decode(bytes.data(), bytes.size());
@@ -253,15 +255,16 @@ TEST(Protocol, InconsistentRingsAreRejected) {
 }
 
 TEST(Protocol, OtherVersionsAreRecognised) {
-  auto bytes = encode(Hello{1, 0}, 7);
+  const uint16_t other = kVersion + 1;
+  auto bytes = encode(Hello{1, 0}, other);
   try {
     decode(bytes.data(), bytes.size());
     FAIL() << "accepted another version";
   } catch (const VersionMismatch& e) {
-    EXPECT_EQ(e.version(), 7);
+    EXPECT_EQ(e.version(), other);
   }
   // A refusal is readable whatever version wrote it.
-  bytes = encode(Refuse{"speak version 1"}, 7);
+  bytes = encode(Refuse{"speak version 1"}, other);
   EXPECT_EQ(std::get<Refuse>(decode(bytes.data(), bytes.size())).reason, "speak version 1");
 }
 

@@ -210,30 +210,26 @@ def test_epochs_none_serves_until_stopped_and_each_iter_is_an_epoch(runtime_dir)
         assert [ids.tolist() for ids, _ in consumer] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     producer.stop()
     # Stopped mid-epoch: ProducerLost. Stopped between epochs: the epochs already
-    # in the ring (a page holds many tiny batches) arrive whole, then the stream ends.
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(1000):
-                epoch = [ids.tolist() for ids, _ in consumer]
-                if not epoch:
-                    break
-                assert epoch == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-        assert epoch == [] and "finished serving" in str(caught[-1].message)
-    except bc.ProducerLost as e:
-        assert "stopped before the end of epoch" in str(e)
+    # in the ring (a page holds many tiny batches) arrive whole, then the next
+    # epoch is one it was stopped before serving: ProducerLost too.
+    with pytest.raises(bc.ProducerLost, match="was stopped before"):
+        for _ in range(1000):
+            epoch = [ids.tolist() for ids, _ in consumer]
+            assert epoch == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     consumer.close()
 
 
 def test_leaving_an_epoch_early_resumes_at_the_next_one(runtime_dir):
     with bc.Producer(id_batches(20, 5), "early", epochs=3):
         consumer = bc.Consumer("early", batch_size=5)
-        for ids, _ in consumer:
-            break  # leave epoch 0 after one batch
+        for k, (ids, _) in enumerate(consumer):
+            if k == 1:
+                break  # leave epoch 0 after two batches (after one it would be a peek)
         assert [ids.tolist()[0] for ids, _ in consumer] == [0, 5, 10, 15]  # epoch 1, whole
         assert len(list(consumer)) == 4  # epoch 2
-        with pytest.warns(RuntimeWarning, match="finished serving"):
-            assert list(consumer) == []  # no epoch 3
+        with pytest.raises(bc.EpochsExhausted,
+                           match="its iterator of epoch 0 was left after 2 batches"):
+            list(consumer)  # no epoch 3
         consumer.close()
 
 
@@ -355,15 +351,20 @@ def test_consumer_device_must_match_what_the_producer_serves(runtime_dir):
             assert c.stats()["ipc_memory_opens"] == 0
 
 
-def test_a_consumer_joining_a_finished_producer_gets_an_empty_epoch(runtime_dir):
+def test_a_consumer_joining_a_finished_producer_is_told_there_is_no_epoch(runtime_dir):
     with bc.Producer(id_batches(4, 2), "done", epochs=1) as p:
         with bc.Consumer("done", batch_size=2, timeout=10) as first:
             assert [ids.tolist() for ids, _ in first] == [[0, 1], [2, 3]]
         p._thread.join(10)  # served its one epoch and said Finished
         assert not p._thread.is_alive()
         with bc.Consumer("done", batch_size=2, timeout=10) as late:
-            with pytest.warns(RuntimeWarning, match="has finished serving"):
-                assert list(late) == []
+            with pytest.raises(bc.EpochsExhausted, match=r"served every epoch it was asked to "
+                               r"\(epoch 0\) and ended, and this consumer asked for epoch 1"):
+                list(late)
+        with bc.Consumer("done", batch_size=2, timeout=10, past_last_epoch="empty") as late:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert list(late) == []  # as asked: an empty epoch, nothing to warn of
 
 
 def test_a_closed_consumers_batches_stay_valid_while_the_others_go_on(runtime_dir):
@@ -658,11 +659,12 @@ def test_garbage_on_the_producer_socket_is_dropped_and_counted(runtime_dir):
         for g in garbage:
             rogue.send(g)
         rogue.send_multipart([b"two", b"frames"])
-        rogue.send(head(7, 1) + struct.pack("<qI", 1234, 0))  # a Hello of protocol version 7
+        other = v + 1
+        rogue.send(head(other, 1) + struct.pack("<qI", 1234, 0))  # a Hello of another version
         assert rogue.poll(5000), "no refusal"
         refusal = rogue.recv()
         assert struct.unpack("<IHH", refusal[:8])[2] == 3  # Refuse
-        assert f"speaks batchcast protocol {v} but this consumer speaks 7".encode() in refusal
+        assert f"speaks batchcast protocol {v} but this consumer speaks {other}".encode() in refusal
         consumer = bc.Consumer("rogue", batch_size=10)
         assert sum((ids.tolist() for ids, _ in consumer), []) == list(range(100))
         stats = producer.stats()

@@ -63,6 +63,13 @@ class RebatchError : public Error {
   using Error::Error;
 };
 
+// A consumer asked for an epoch after the producer had served every epoch it
+// was asked to serve (and it was not told to hand out empty epochs then).
+class EpochsExhausted : public Error {
+ public:
+  using Error::Error;
+};
+
 // The producer was asked to stop while a call was blocked.
 class Stopped : public Error {
  public:

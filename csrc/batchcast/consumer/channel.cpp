@@ -1,5 +1,7 @@
 #include "batchcast/consumer/channel.h"
 
+#include <cerrno>
+
 #include <unistd.h>
 
 #include "batchcast/common/error.h"
@@ -214,7 +216,17 @@ void Channel::act(SessionActions a) {
   if (a.mailbox) {
     try {
       mailbox_ = Mailbox::open(*a.mailbox, session_.welcome()->producer_pid);
-    } catch (...) {  // SystemError, MalformedMessage
+    } catch (const SystemError& e) {
+      // Gone from the producer (ENOENT): it closed while this consumer joined.
+      std::exception_ptr failure = std::current_exception();
+      if (e.code() == ENOENT) {
+        failure = std::make_exception_ptr(ProducerLost(
+            "batchcast producer '" + options_.name + "' (pid " + std::to_string(session_.welcome()->producer_pid) +
+            ") was stopped or closed while this consumer joined it, before the consumer could open its "
+            "mailbox"));
+      }
+      a.merge(session_.on_failed(failure));
+    } catch (...) {  // MalformedMessage
       a.merge(session_.on_failed(std::current_exception()));
     }
     a.mailbox.reset();

@@ -39,6 +39,14 @@ ConsumerOptions checked(ConsumerOptions o) {
   return o;
 }
 
+LoaderError loader_error(const std::string& name, const protocol::LoaderFailed& failed) {
+  if (failed.cause == protocol::LoaderFailed::Cause::CannotShare) {
+    return LoaderError("batchcast producer '" + name + "' cannot serve what its loader yielded in epoch " +
+                       std::to_string(failed.epoch) + ": " + failed.message);
+  }
+  return LoaderError("the loader of batchcast producer '" + name + "' raised: " + failed.message);
+}
+
 std::optional<GroupRank> group_of(const ConsumerOptions& o) {
   if (o.world_size == 0) return std::nullopt;
   return GroupRank{o.rank, o.world_size};
@@ -68,7 +76,7 @@ Consumer::Consumer(ConsumerOptions options)
     loader_ = w.loader;
     waiting_for_group_ = w.first_epoch < 0;
     if (!waiting_for_group_) {
-      next_epoch_ = w.first_epoch;
+      next_epoch_ = first_epoch_ = w.first_epoch;
       resume_from(w.resume, w.first_epoch, w.resume_position);
     }
     // The ring has room for slots+1 loader batches in flight; holding at most
@@ -140,6 +148,8 @@ Consumer::~Consumer() {
 
 void Consumer::close() {
   rebatcher_.clear();
+  replay_.clear();
+  replaying_ = false;
   if (channel_) channel_->leave();
   in_epoch_ = false;
   finished_ = true;
@@ -190,13 +200,15 @@ void Consumer::await_group() {
     protocol::Message m = channel_->take();
     if (auto* ready = std::get_if<protocol::GroupReady>(&m)) {
       waiting_for_group_ = false;
-      next_epoch_ = ready->first_epoch;
+      next_epoch_ = first_epoch_ = ready->first_epoch;
       resume_from(ready->resume, ready->first_epoch, ready->resume_position);
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
-      throw LoaderError("the loader of batchcast producer '" + options_.name + "' raised: " + failed->message);
-    } else if (std::holds_alternative<protocol::Finished>(m)) {
+      loader_failed_ = *failed;
+      throw loader_error(options_.name, *failed);
+    } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
       waiting_for_group_ = false;
       finished_ = true;
+      end_ = *end;
     } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
       channel_->release_now(a->seq);  // not ours (never sent before GroupReady)
     }
@@ -211,8 +223,32 @@ void Consumer::fail_group(const protocol::GroupBroken& broken) {
   std::rethrow_exception(failure_);
 }
 
+// A peek: the consumer's first epoch has handed out one batch (or none) and
+// still holds every loader batch of it so far.
+bool Consumer::can_restart() const { return in_epoch_ && replaying_ && epoch_batches_ <= 1; }
+
 int64_t Consumer::begin_epoch() {
   if (failure_) std::rethrow_exception(failure_);
+  // An iterator of an epoch that has handed out nothing yet just goes on.
+  if (in_epoch_ && epoch_batches_ == 0) return epoch_;
+  if (can_restart()) {
+    std::vector<LoaderBatch> replay = std::move(replay_);
+    replay_.clear();
+    replaying_ = false;
+    rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
+    epoch_batches_ = 0;
+    for (LoaderBatch& b : replay) rebatcher_.push(std::move(b));
+    if (options_.reporter) {
+      options_.reporter(Report{Report::Level::Info, {},
+                               "consumer of '" + options_.name + "': its first iterator was left after one batch "
+                               "(a peek such as next(iter(loader))), so epoch " + std::to_string(epoch_) +
+                               " starts again from its start, that batch included"});
+    }
+    return epoch_;
+  }
+  if (in_epoch_) left_ = Left{epoch_, epoch_batches_};
+  replay_.clear();
+  replaying_ = false;
   while (in_epoch_) {
     (void)next();  // drain what is left of an epoch the caller left early
   }
@@ -220,15 +256,57 @@ int64_t Consumer::begin_epoch() {
   rebatcher_.clear();
   mid_epoch_ = false;
   epoch_ = next_epoch_++;
+  epoch_batches_ = 0;
   in_epoch_ = !finished_;
+  past_end_ = finished_ && end_.has_value();
+  replaying_ = in_epoch_ && epoch_ == first_epoch_;
   rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
   if (group_broken_ && group_broken_->epoch <= epoch_) fail_group(*group_broken_);
   return epoch_;
 }
 
+// The current epoch is one the producer never serves: it was stopped first
+// (ProducerLost), or it served every epoch it was asked to (EpochsExhausted,
+// or an empty epoch where the consumer asked for that).
+std::optional<Batch> Consumer::past_end() {
+  if (loader_failed_) throw loader_error(options_.name, *loader_failed_);  // the stream ended in it
+  const protocol::Finished& end = *end_;
+  const std::string served =
+      end.epochs == 0 ? "no epoch"
+                      : end.epochs == 1 ? "epoch 0" : "epochs 0 to " + std::to_string(end.epochs - 1);
+  std::string mine;
+  if (first_epoch_ < 0 || epochs_done_ == 0) {
+    mine = "this consumer was handed no epoch whole";
+    if (end.epochs > 0 && first_epoch_ >= end.epochs) {
+      mine += " (it joined after the last one began: a consumer starts at the next epoch)";
+    }
+  } else {
+    mine = "this consumer started at epoch " + std::to_string(first_epoch_) + " and was handed " +
+           std::to_string(epochs_done_) + (epochs_done_ == 1 ? " epoch" : " epochs") + " to its end";
+  }
+  if (left_) {
+    mine += "; its iterator of epoch " + std::to_string(left_->epoch) + " was left after " +
+            std::to_string(left_->batches) + (left_->batches == 1 ? " batch" : " batches") +
+            ", which used that epoch up";
+  }
+  const std::string who = "batchcast producer '" + options_.name + "'";
+  if (end.stopped) {
+    throw ProducerLost(who + " was stopped before it served epoch " + std::to_string(epoch_) +
+                       " to this consumer (it served " + served + " in full; " + mine +
+                       "). Keep the producer serving until its trainers are done, or have them ask for no "
+                       "more epochs than it serves");
+  }
+  if (options_.empty_past_last_epoch) return std::nullopt;
+  throw EpochsExhausted(
+      who + " has served every epoch it was asked to (" + served + ") and ended, and this consumer asked for "
+      "epoch " + std::to_string(epoch_) + " (" + mine + "). Serve as many epochs as the trainers take "
+      "(Producer(..., epochs=None) serves until stopped; batchcast serve --epochs N), or iterate this "
+      "consumer fewer times; Consumer(..., past_last_epoch='empty') gives empty epochs instead of this error");
+}
+
 std::optional<Batch> Consumer::next() {
   if (failure_) std::rethrow_exception(failure_);
-  if (!in_epoch_) return std::nullopt;
+  if (!in_epoch_) return past_end_ ? past_end() : std::nullopt;
   // GPU: torch's device guards inside find the ring's device current, so they
   // switch nothing; the caller's thread is left as it was.
   std::optional<cuda::DeviceScope> scope;
@@ -237,6 +315,10 @@ std::optional<Batch> Consumer::next() {
     if (auto b = rebatcher_.pop()) {
       batches_ += 1;
       samples_ += b->samples;
+      if (++epoch_batches_ > 1 && replaying_) {
+        replay_.clear();  // no longer a peek
+        replaying_ = false;
+      }
       return b;
     }
     protocol::Message m = channel_->take();
@@ -252,10 +334,14 @@ std::optional<Batch> Consumer::next() {
       samples_per_epoch_ = end->samples;
       loader_batches_per_epoch_ = end->batches;
       in_epoch_ = false;
+      epochs_done_ += 1;
+      replay_.clear();
+      replaying_ = false;
       auto rest = rebatcher_.flush(end->samples);
       if (rest) {
         batches_ += 1;
         samples_ += rest->samples;
+        epoch_batches_ += 1;
       }
       return rest;
     } else if (auto* broken = std::get_if<protocol::GroupBroken>(&m)) {
@@ -264,18 +350,23 @@ std::optional<Batch> Consumer::next() {
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
       in_epoch_ = false;
       rebatcher_.clear();
-      throw LoaderError("the loader of batchcast producer '" + options_.name +
-                        "' raised: " + failed->message);
-    } else if (std::holds_alternative<protocol::Finished>(m)) {
+      replay_.clear();
+      loader_failed_ = *failed;
+      throw loader_error(options_.name, *failed);
+    } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
       const bool started = rebatcher_.buffered() > 0 || mid_epoch_;
       in_epoch_ = false;
       finished_ = true;
+      end_ = *end;
       rebatcher_.clear();
+      replay_.clear();
       if (started) {
-        throw ProducerLost("batchcast producer '" + options_.name +
-                           "' stopped before the end of epoch " + std::to_string(epoch_));
+        throw ProducerLost("batchcast producer '" + options_.name + "' " +
+                           (end->stopped ? "was stopped" : "ended") + " before the end of epoch " +
+                           std::to_string(epoch_));
       }
-      return std::nullopt;
+      past_end_ = true;
+      return past_end();
     }
   }
 }
@@ -305,7 +396,7 @@ void Consumer::receive(protocol::Announcement& a) {
   const int64_t pinned = moved ? 0 : pinned_beyond(a.seq);
   const bool keeping = pinned > pin_budget_;
   if (!moved && !keeping) {
-    rebatcher_.push(LoaderBatch{std::move(a), ring.base(), std::move(token), {}, ring.device()});
+    push(LoaderBatch{std::move(a), ring.base(), std::move(token), {}, ring.device()});
     return;
   }
   if (keeping && !warned_keeping_ && options_.reporter) {
@@ -336,6 +427,22 @@ void Consumer::receive(protocol::Announcement& a) {
   (keeping ? private_copies_ : transfers_) += 1;
   token.reset();
   batch.announcement = std::move(a);
+  push(std::move(batch));
+}
+
+// While the first epoch is peekable, its loader batches are kept (sharing
+// their slots' tokens), as many as the rebatcher itself may hold: beyond
+// that the producer could wait on them, so a peek can no longer restart.
+void Consumer::push(LoaderBatch batch) {
+  if (replaying_) {
+    replay_.push_back(batch);
+    int64_t in_ring = 0;
+    for (const LoaderBatch& b : replay_) in_ring += b.spilled() ? 0 : 1;
+    if (in_ring > rebatcher_.max_pending()) {
+      replay_.clear();
+      replaying_ = false;
+    }
+  }
   rebatcher_.push(std::move(batch));
 }
 

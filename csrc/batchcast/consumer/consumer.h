@@ -55,6 +55,9 @@ struct ConsumerOptions {
   // sample position resume_position of its stream (a saved position()).
   int64_t resume_epoch = -1;
   int64_t resume_position = 0;
+  // An epoch asked for after the producer served all its epochs: empty (true),
+  // or EpochsExhausted (false: a training loop must not quietly get nothing).
+  bool empty_past_last_epoch = false;
   Reporter reporter;        // where warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
@@ -76,6 +79,7 @@ struct ConsumerOptions {
     v("world_size", world_size);
     v("resume_epoch", resume_epoch);
     v("resume_position", resume_position);
+    v("empty_past_last_epoch", empty_past_last_epoch);
   }
 };
 
@@ -149,11 +153,15 @@ class Consumer {
   Consumer& operator=(const Consumer&) = delete;
   ~Consumer();
 
-  // Starts the next epoch (discarding what is left of an unfinished one) and
-  // returns its number.
+  // Starts the next epoch and returns its number. An unfinished epoch is left
+  // (what is left of it is discarded), except a peek: when the consumer's
+  // first epoch handed out one batch and no more (next(iter(loader))), that
+  // epoch starts again from its start, the peeked batch included.
   int64_t begin_epoch();
   // The next batch of the current epoch, or nullopt at its end. Throws
-  // ProducerLost, Evicted, LoaderError, RebatchError.
+  // ProducerLost (also for an epoch the producer was stopped before serving),
+  // EpochsExhausted (an epoch after the producer's last), Evicted,
+  // LoaderError, RebatchError.
   std::optional<Batch> next();
   // True once the producer said it serves no more epochs and this one is empty.
   bool finished() const { return finished_; }
@@ -176,6 +184,9 @@ class Consumer {
   void await_group();
   [[noreturn]] void fail_group(const protocol::GroupBroken& broken);
   int64_t pinned_beyond(uint64_t incoming) const;
+  void push(LoaderBatch batch);
+  std::optional<Batch> past_end();
+  bool can_restart() const;
 
   ConsumerOptions options_;
   std::shared_ptr<Channel> channel_;
@@ -189,9 +200,23 @@ class Consumer {
   Rebatcher rebatcher_;
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;
+  int64_t first_epoch_ = -1; // the producer's epoch this consumer started at
   bool in_epoch_ = false;
   bool mid_epoch_ = false;   // a batch of the current epoch has arrived
   bool finished_ = false;
+  std::optional<protocol::Finished> end_;  // how the producer's stream ended
+  std::optional<protocol::LoaderFailed> loader_failed_;  // in an error: every later epoch raises it
+  bool past_end_ = false;    // the current epoch is one the producer never serves
+  int64_t epochs_done_ = 0;  // epochs this consumer was handed to their end
+  int64_t epoch_batches_ = 0;  // batches handed out in the current epoch
+  // The first epoch's loader batches while it has handed out at most one
+  // batch: a peek (next(iter(loader))) gives them back (begin_epoch).
+  std::vector<LoaderBatch> replay_;
+  bool replaying_ = false;   // replay_ is being kept
+  struct Left {              // an epoch left unfinished, for the error that may follow
+    int64_t epoch, batches;
+  };
+  std::optional<Left> left_;
   uint64_t id_ = 0;
   int64_t samples_per_epoch_ = -1;
   int64_t loader_batches_per_epoch_ = -1;

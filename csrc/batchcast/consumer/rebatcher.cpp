@@ -225,6 +225,10 @@ void Rebatcher::push(LoaderBatch batch) {
   const int64_t position = batch.announcement.position;
   const int64_t samples = batch.announcement.samples;
   end_ = std::max(end_, position + samples);
+  if (!batch_size_ && samples == 0 && position >= skip_) {
+    pending_.push_back(std::move(batch));  // forwarded as it is: the loader yielded it
+    return;
+  }
   if (samples == 0 || position + samples <= skip_) return;  // nothing of it is ours: released now
   if (group_) keep_head(batch);
   buffered_ += samples;
@@ -412,6 +416,7 @@ Batch Rebatcher::take(int64_t n) {
   }
 
   // Advance past what was handed out; fully used loader batches drop their token.
+  if (n == 0) pending_.pop_front();  // an empty loader batch, forwarded
   int64_t left = n;
   while (left > 0) {
     int64_t avail = pending_.front().announcement.samples - front_used_;

@@ -85,6 +85,7 @@ class Rebatcher {
   // beyond it the pending samples are copied out so that the producer, whose
   // ring is finite, can always make progress whatever the batch sizes.
   void set_max_pending(int64_t slots) { max_pending_ = slots; }
+  int64_t max_pending() const { return max_pending_; }
 
   // A new epoch of `samples` samples (-1: not known yet), whose stream
   // positions before `skip` this consumer does not take (it resumes there).

@@ -124,7 +124,9 @@ void Producer::check_serving(const char* what) const {
 }
 
 void Producer::end_stream(Phase next) {
-  stream_.push_back(protocol::Finished{epochs_done_});
+  // Served: every epoch it was asked for went out (or the loader failed);
+  // else it was stopped or closed first.
+  stream_.push_back(protocol::Finished{epochs_done_, next != Phase::Served});
   wakeup_.notify();
   phase_ = next;
 }
@@ -516,10 +518,10 @@ void Producer::end_epoch() {
   wakeup_.notify();
 }
 
-void Producer::fail(const std::string& message) {
+void Producer::fail(const std::string& message, protocol::LoaderFailed::Cause cause) {
   std::lock_guard<std::mutex> lock(mu_);
   if (phase_ != Phase::Serving && phase_ != Phase::Stopping) return;  // the stream has ended already
-  stream_.push_back(protocol::LoaderFailed{std::max<int64_t>(epoch_, 0), message});
+  stream_.push_back(protocol::LoaderFailed{std::max<int64_t>(epoch_, 0), message, cause});
   end_stream(phase_ == Phase::Serving ? Phase::Served : Phase::Stopped);
 }
 

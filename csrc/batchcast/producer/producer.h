@@ -219,9 +219,11 @@ class Producer {
   // (nullptr before the first lease).
   std::pair<std::byte*, uint64_t> host_memory() const;
   void end_epoch();
-  // The loader raised: every consumer gets a LoaderError with this message,
-  // and the stream ends there.
-  void fail(const std::string& message);
+  // The loader raised (or yielded a batch that cannot be shared: `cause`):
+  // every consumer gets a LoaderError with this message, and the stream ends
+  // there.
+  void fail(const std::string& message,
+            protocol::LoaderFailed::Cause cause = protocol::LoaderFailed::Cause::LoaderRaised);
   // No more epochs; consumers finish what they hold and then stop. After
   // stop(), it still tells consumers the stream ended (they raise
   // ProducerLost mid-epoch). Idempotent.

@@ -306,14 +306,26 @@ void read(Reader& r, EpochEnd& m) {
 void write(Writer& w, const LoaderFailed& m) {
   w.put<int64_t>(m.epoch);
   w.text(m.message);
+  w.put<uint8_t>(static_cast<uint8_t>(m.cause));
 }
 void read(Reader& r, LoaderFailed& m) {
   m.epoch = r.get<int64_t>();
   m.message = r.text(kMaxText);
+  const auto cause = r.get<uint8_t>();
+  if (cause > static_cast<uint8_t>(LoaderFailed::Cause::CannotShare)) throw MalformedMessage("unknown cause");
+  m.cause = static_cast<LoaderFailed::Cause>(cause);
 }
 
-void write(Writer& w, const Finished& m) { w.put<int64_t>(m.epochs); }
-void read(Reader& r, Finished& m) { m.epochs = r.get<int64_t>(); }
+void write(Writer& w, const Finished& m) {
+  w.put<int64_t>(m.epochs);
+  w.put<uint8_t>(m.stopped ? 1 : 0);
+}
+void read(Reader& r, Finished& m) {
+  m.epochs = r.get<int64_t>();
+  const auto stopped = r.get<uint8_t>();
+  if (stopped > 1 || m.epochs < 0) throw MalformedMessage("bad Finished");
+  m.stopped = stopped == 1;
+}
 
 void write(Writer&, const Heartbeat&) {}
 void read(Reader&, Heartbeat&) {}

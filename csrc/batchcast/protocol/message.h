@@ -16,7 +16,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 6;
+constexpr uint16_t kVersion = 7;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -168,14 +168,21 @@ struct EpochEnd {
   int64_t batches = 0;
 };
 
+// The stream ends in an error: the loader raised, or it yielded a batch the
+// producer cannot share (an unsupported type, a tensor too large for the ring).
 struct LoaderFailed {
+  enum class Cause : uint8_t { LoaderRaised = 0, CannotShare = 1 };
   int64_t epoch = 0;
   std::string message;
+  Cause cause = Cause::LoaderRaised;
 };
 
-// No more epochs. `epochs` is how many were served in full.
+// No more epochs. `epochs` is how many were served in full; `stopped`: the
+// producer was stopped (or closed) before it served all it was asked to, as
+// opposed to having served them.
 struct Finished {
   int64_t epochs = 0;
+  bool stopped = false;
 };
 
 struct Heartbeat {};

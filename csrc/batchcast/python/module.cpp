@@ -329,6 +329,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<Refused>(m, "Refused", error.ptr());
   py::register_exception<RebatchError>(m, "RebatchError", error.ptr());
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
+  py::register_exception<EpochsExhausted>(m, "EpochsExhausted", error.ptr());
   py::register_exception<Evicted>(m, "Evicted", error.ptr());
   py::register_exception<GroupError>(m, "GroupError", error.ptr());
   py::register_exception<CudaError>(m, "CudaError", error.ptr());
@@ -430,9 +431,12 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("end_epoch", [](BoundProducer& b) { released(b, [](Producer& p) { p.end_epoch(); }); })
       .def("fail",
-           [](BoundProducer& b, const std::string& message) {
-             released(b, [&](Producer& p) { p.fail(message); });
-           })
+           [](BoundProducer& b, const std::string& message, bool cannot_share) {
+             const auto cause = cannot_share ? protocol::LoaderFailed::Cause::CannotShare
+                                             : protocol::LoaderFailed::Cause::LoaderRaised;
+             released(b, [&](Producer& p) { p.fail(message, cause); });
+           },
+           py::arg("message"), py::arg("cannot_share") = false)
       .def("finish", [](BoundProducer& b) { released(b, [](Producer& p) { p.finish(); }); })
       .def("stop",
            [](BoundProducer& b) {
@@ -457,7 +461,8 @@ PYBIND11_MODULE(_C, m) {
                        double timeout, bool catch_up, std::string runtime_dir,
                        Placement placement, int cuda_device,
                        MappedRing::ReleaseAfter release_after, std::string group, int32_t rank,
-                       int32_t world_size, int64_t resume_epoch, int64_t resume_position) {
+                       int32_t world_size, int64_t resume_epoch, int64_t resume_position,
+                       bool empty_past_last_epoch) {
              auto b = std::make_unique<BoundConsumer>();
              ConsumerOptions o;
              o.name = std::move(name);
@@ -474,6 +479,7 @@ PYBIND11_MODULE(_C, m) {
              o.world_size = world_size;
              o.resume_epoch = resume_epoch;
              o.resume_position = resume_position;
+             o.empty_past_last_epoch = empty_past_last_epoch;
              ConsumerOptions options = with_hooks(std::move(o), b->reports);
              without_gil([&] { b->core = std::make_unique<Consumer>(std::move(options)); });
              b->reports->flush();
@@ -488,7 +494,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("release_after") = kConsumer.release_after, py::arg("group") = kConsumer.group,
            py::arg("rank") = kConsumer.rank, py::arg("world_size") = kConsumer.world_size,
            py::arg("resume_epoch") = kConsumer.resume_epoch,
-           py::arg("resume_position") = kConsumer.resume_position)
+           py::arg("resume_position") = kConsumer.resume_position,
+           py::arg("empty_past_last_epoch") = kConsumer.empty_past_last_epoch)
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {

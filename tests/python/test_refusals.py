@@ -1,0 +1,239 @@
+"""Ordinary code that would get wrong or missing data gets the data right or
+a clear error, never an empty epoch with a warning: a producer stopped
+before serving a consumer, more epochs asked than served, a peek before
+training, a loader that can be iterated once, empty batches, numpy arrays,
+absurd sizes. (A producer on a background thread, consumers in this process.)"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+from conftest import eventually
+
+import batchcast as bc
+
+
+class Ids:
+    """A re-iterable loader of `n` sample ids in batches of `b` (ids, ids * 10);
+    with a gate, epoch `pause_at[0]` pauses before its batch `pause_at[1]`
+    until the gate is set."""
+
+    def __init__(self, n: int, b: int, gate: threading.Event | None = None,
+                 pause_at: tuple[int, int] = (-1, -1)):
+        self.n, self.b, self.gate, self.pause_at = n, b, gate, pause_at
+        self.iters = 0
+
+    def __len__(self) -> int:
+        return -(-self.n // self.b)
+
+    def __iter__(self):
+        epoch = self.iters
+        self.iters += 1
+        for k, start in enumerate(range(0, self.n, self.b)):
+            if (epoch, k) == self.pause_at and self.gate is not None:
+                self.gate.wait(30)
+            ids = torch.arange(start, min(self.n, start + self.b))
+            yield ids, ids * 10
+
+
+def epoch_ids(consumer) -> list[int]:
+    out = []
+    for ids, tens in consumer:
+        assert torch.equal(tens, ids * 10)
+        out += ids.tolist()
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_quiet_warnings():
+    """A warning here would be a quiet difference: every test runs with them as errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+# ---- 2: a producer stopped before it served a consumer ----------------------------
+
+def test_a_consumer_of_a_producer_stopped_before_serving_it_gets_producer_lost(runtime_dir, name):
+    # The producer waits for two consumers; only one comes, and it is stopped.
+    producer = bc.Producer(Ids(40, 4), name, epochs=None, min_consumers=2).start()
+    consumer = bc.Consumer(name, batch_size=4, timeout=10)
+    eventually(lambda: producer.consumers == 1 and consumer.stats()["mailbox"],
+               "the consumer to join and open its mailbox")
+    producer.stop()
+    with pytest.raises(bc.ProducerLost, match=rf"batchcast producer '{name}' was stopped before it "
+                       r"served epoch 0 to this consumer \(it served no epoch in full; this "
+                       r"consumer was handed no epoch whole\)"):
+        list(consumer)
+    with pytest.raises(bc.ProducerLost, match="was stopped before"):
+        list(consumer)  # and again, for every later epoch
+    consumer.close()
+
+
+def test_a_producer_stopped_between_epochs_is_producer_lost_for_the_next_one(runtime_dir, name):
+    gate = threading.Event()
+    loader = Ids(12, 4, gate, pause_at=(1, 1))  # epoch 1 pauses after its first batch ...
+    producer = bc.Producer(loader, name, epochs=None).start()
+    consumer = bc.Consumer(name, batch_size=4, timeout=10)
+    assert epoch_ids(consumer) == list(range(12))
+    eventually(lambda: producer.stats()["batches_published"] == 4, "epoch 1's first batch")
+    stopping = threading.Thread(target=producer.stop)  # ... and is stopped there
+    stopping.start()
+    eventually(lambda: producer._stop.is_set(), "the stop to be asked for")
+    gate.set()  # the loader goes on; the producer publishes nothing more
+    stopping.join(30)
+    with pytest.raises(bc.ProducerLost, match=r"stopped before (the end of epoch 1|it served epoch 1)"):
+        epoch_ids(consumer)
+    consumer.close()
+
+
+# ---- 3: more epochs than the producer serves --------------------------------------
+
+def test_asking_for_more_epochs_than_served_is_an_error_naming_the_fix(runtime_dir, name):
+    with bc.Producer(Ids(10, 4), name, epochs=2):
+        with bc.Consumer(name, batch_size=3, timeout=10) as consumer:
+            for _ in range(2):
+                assert epoch_ids(consumer) == list(range(10))
+            with pytest.raises(bc.EpochsExhausted) as error:
+                epoch_ids(consumer)
+    message = str(error.value)
+    assert f"batchcast producer '{name}' has served every epoch it was asked to (epochs 0 to 1)" \
+        in message
+    assert "asked for epoch 2 (this consumer started at epoch 0 and was handed 2 epochs" in message
+    assert "epochs=None" in message and "past_last_epoch='empty'" in message
+
+
+def test_a_late_joiner_is_told_where_it_joined(runtime_dir, name):
+    gate = threading.Event()
+    with bc.Producer(Ids(12, 4, gate, pause_at=(0, 2)), name, epochs=2) as producer:
+        first = bc.Consumer(name, batch_size=4, timeout=10)
+        eventually(lambda: producer.stats()["batches_published"] >= 2, "epoch 0 to be under way")
+        late = bc.Consumer(name, batch_size=4, timeout=10)  # mid-epoch 0: starts at epoch 1
+        gate.set()
+        done = threading.Thread(target=lambda: [epoch_ids(first) for _ in range(2)])
+        done.start()
+        assert epoch_ids(late) == list(range(12))
+        with pytest.raises(bc.EpochsExhausted, match=r"asked for epoch 2 \(this consumer started "
+                           r"at epoch 1 and was handed 1 epoch to its end\)"):
+            epoch_ids(late)
+        done.join(30)
+        first.close()
+        late.close()
+
+
+def test_an_empty_epoch_past_the_last_is_there_for_code_that_asks_for_it(runtime_dir, name):
+    with bc.Producer(Ids(10, 4), name, epochs=1):
+        with bc.Consumer(name, batch_size=4, timeout=10, past_last_epoch="empty") as consumer:
+            assert epoch_ids(consumer) == list(range(10))
+            assert epoch_ids(consumer) == []  # no warning either (they are errors here)
+            assert epoch_ids(consumer) == []
+            assert consumer.stats()["batches"] == 3
+
+
+def test_past_last_epoch_must_be_raise_or_empty(runtime_dir, name):
+    with pytest.raises(ValueError, match="past_last_epoch must be 'raise' or 'empty', not 'stop'"):
+        bc.Consumer(name, past_last_epoch="stop")
+
+
+# ---- 4: a peek does not eat an epoch ----------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [4, 6, None])
+def test_a_peek_before_training_leaves_every_epoch_whole(runtime_dir, name, batch_size):
+    epochs = 3
+    with bc.Producer(Ids(40, 4), name, epochs=epochs):
+        with bc.Consumer(name, batch_size=batch_size, timeout=10) as loader:
+            ids, tens = next(iter(loader))  # to infer shapes, as many scripts do
+            assert ids.tolist() == list(range(batch_size or 4))
+            for _ in range(epochs):
+                assert epoch_ids(loader) == list(range(40))  # the peeked samples included
+            with pytest.raises(bc.EpochsExhausted):
+                epoch_ids(loader)
+
+
+def test_a_peek_kept_while_training_stays_valid(runtime_dir, name):
+    with bc.Producer(Ids(40, 4), name, epochs=2):
+        with bc.Consumer(name, batch_size=8, timeout=10) as loader:
+            peeked, _ = next(iter(loader))
+            for _ in range(2):
+                assert epoch_ids(loader) == list(range(40))
+            assert peeked.tolist() == list(range(8))  # its memory was never reused
+
+
+def test_leaving_later_epochs_after_one_batch_goes_on_to_the_next_epoch(runtime_dir, name):
+    # Only the first epoch's first batch is a peek; a loop that takes one batch
+    # per epoch (a smoke test, limit_train_batches=1) after that gets a new
+    # epoch each time, as from a DataLoader.
+    with bc.Producer(Ids(40, 4), name, epochs=5):
+        with bc.Consumer(name, batch_size=4, timeout=10) as loader:
+            firsts = []
+            for _ in range(4):
+                for ids, _ in loader:
+                    firsts.append(ids.tolist())
+                    break
+            # The peek restarts epoch 0 once; then one batch of epochs 1 and 2.
+            assert firsts == [[0, 1, 2, 3]] * 4
+            assert loader.stats()["epoch"] == 2
+            assert epoch_ids(loader) == list(range(40))  # epoch 3, whole
+            assert loader.stats()["epoch"] == 3
+
+
+def test_a_second_iterator_before_any_batch_is_the_same_epoch(runtime_dir, name):
+    with bc.Producer(Ids(20, 4), name, epochs=1):
+        with bc.Consumer(name, batch_size=4, timeout=10) as loader:
+            iter(loader)  # made and dropped before taking anything
+            assert epoch_ids(loader) == list(range(20))
+
+
+# ---- 5: a loader that can be iterated only once ------------------------------------
+
+def test_a_generator_served_for_two_epochs_is_a_loader_error_at_the_second(runtime_dir, name):
+    batches = ((torch.arange(4 * k, 4 * k + 4),) for k in range(5))
+    producer = bc.Producer(batches, name, epochs=2).start()
+    with bc.Consumer(name, timeout=10) as consumer:
+        assert sum((b[0].tolist() for b in consumer), []) == list(range(20))
+        with pytest.raises(bc.LoaderError, match=rf"batchcast producer '{name}' cannot serve what "
+                           r"its loader yielded in epoch 1: the loader yielded no batch in epoch 1, "
+                           r"after 5 in the epochs before: a generator \(or any other iterator\) "
+                           r"can be iterated only once"):
+            list(consumer)
+    with pytest.raises(bc.LoaderError, match="can be iterated only once"):
+        producer.stop()
+
+
+# ---- 8: smaller quiet differences --------------------------------------------------
+
+def test_an_empty_loader_batch_is_delivered_as_the_loader_yields_it(runtime_dir, name):
+    batches = [torch.zeros(0, 3), torch.ones(2, 3), torch.zeros(0, 3)]
+    with bc.Producer(batches, name, epochs=1):
+        with bc.Consumer(name, timeout=10) as consumer:
+            assert len(consumer) == 3
+            assert [tuple(b.shape) for b in consumer] == [(0, 3), (2, 3), (0, 3)]
+    with bc.Producer(batches, name + "r", epochs=1):
+        with bc.Consumer(name + "r", batch_size=1, timeout=10) as consumer:  # rebatched: samples
+            assert [tuple(b.shape) for b in consumer] == [(1, 3), (1, 3)]
+
+
+def test_numpy_arrays_in_a_batch_are_refused_saying_how_to_convert(runtime_dir, name):
+    np = pytest.importorskip("numpy")
+    producer = bc.Producer([(np.zeros((2, 3)), np.ones(2))], name, epochs=1).start()
+    with bc.Consumer(name, timeout=10) as consumer:
+        with pytest.raises(bc.LoaderError, match=r"cannot serve what its loader yielded in epoch 0: "
+                           r"loader batch 0: .*numpy array.*torch.from_numpy"):
+            list(consumer)
+    with pytest.raises(bc.LoaderError, match="torch.from_numpy"):
+        producer.stop()
+    producer = bc.Producer([(torch.zeros(2, 3), np.ones(2))], name + "b", epochs=1).start()
+    with bc.Consumer(name + "b", timeout=10) as consumer:
+        with pytest.raises(bc.LoaderError, match=r"numpy.ndarray at batch\[1\].*torch.from_numpy"):
+            list(consumer)
+    with pytest.raises(bc.LoaderError):
+        producer.stop()
+
+
+@pytest.mark.parametrize("size", [2**63, 2**64, -1, 0, 1.5, True])
+def test_an_absurd_batch_size_is_a_value_error(runtime_dir, name, size):
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        bc.Consumer(name, batch_size=size)

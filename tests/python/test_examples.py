@@ -395,8 +395,8 @@ def test_tensorsocket_shim(runtime_dir):
                 assert inputs.shape[1:] == (1,) and len(targets) <= 20
                 seen += targets.tolist()
             assert seen == list(range(90))
-        with pytest.raises(bc.ProducerLost, match="stopped before it served epoch 3"):
-            list(consumer)  # the producer has ended: it served 3 epochs of epochs=None
+        with pytest.raises(bc.EpochsExhausted, match="asked for epoch 2"):
+            list(consumer)  # the producer has ended (join()): it served its 2 epochs
         consumer.close()
     finally:
         thread.join(60)

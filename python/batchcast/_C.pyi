@@ -167,6 +167,8 @@ class Consumer:
         resume_epoch: int = -1,
         resume_position: int = 0,
         empty_past_last_epoch: bool = False,
+        writable: bool = False,
+        shared_gpu_views: bool = False,
     ) -> None: ...
     def begin_epoch(self) -> int: ...
     # (layout, leaves, samples), or None at the end of the epoch.

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
         rank: int
         world_size: int
         empty_past_last_epoch: bool
+        writable: bool
+        shared_gpu_views: bool
 
     class _Resume(TypedDict, total=False):
         resume_epoch: int
@@ -35,6 +37,24 @@ if TYPE_CHECKING:
 
 
 _STATE_FORMAT = "batchcast.Consumer/1"
+
+
+def _name_the_line_that_writes() -> None:
+    """Host batches are mapped read-only: an in-place write into one ends the
+    process with SIGSEGV. Python's faulthandler then prints the writing
+    thread's traceback (the file and line), beside the core's message saying
+    what happened; it is turned on here unless the program set it up itself."""
+    import faulthandler
+    import sys
+
+    if faulthandler.is_enabled():
+        return
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.enable(file=stream, all_threads=False)
+            return
+        except (AttributeError, ValueError, OSError, RuntimeError):  # no file descriptor (a notebook)
+            continue
 
 
 def _group_of(group: str | None, rank: int | None, world_size: int | None,
@@ -139,6 +159,8 @@ class Consumer:
         world_size: int | None = None,
         state: dict[str, Any] | None = None,
         past_last_epoch: str = "raise",
+        writable: bool = False,
+        shared_gpu_views: bool = False,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
@@ -171,7 +193,10 @@ class Consumer:
             rank=self.rank or 0,
             world_size=self.world_size or 0,
             empty_past_last_epoch=past_last_epoch == "empty",
+            writable=bool(writable),
+            shared_gpu_views=bool(shared_gpu_views),
         )
+        _name_the_line_that_writes()
         self._core: _C.Consumer | None = None
         self._stats: dict[str, Any] | None = None
         self._connect(state)

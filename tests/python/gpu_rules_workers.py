@@ -278,10 +278,13 @@ def consume(args: argparse.Namespace) -> None:
 
     checker = Checker(args.check, args.stream_delay_us)
     consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
-                           release_after=args.release_after, late_join=args.late_join)
+                           release_after=args.release_after, late_join=args.late_join,
+                           shared_gpu_views=args.views == "shared")
     context_check("Consumer()")
     if args.joined:
         touch(args.joined)
+    if args.start_after:
+        wait_for_file(args.start_after, args.timeout)
     samples = args.samples
     kept = []
     try:
@@ -299,6 +302,8 @@ def consume(args: argparse.Namespace) -> None:
                     images, labels = batch
                     ids = range(position, position + images.shape[0])
                     checker.check(images, labels, ids, e, samples)
+                    if args.write_in_place:  # a Mixup or an in-place normalization
+                        images.neg_()
                     got.append(len(ids))
                     position += len(ids)
                     if len(kept) < args.keep:
@@ -335,6 +340,8 @@ def consume(args: argparse.Namespace) -> None:
     context_check("close()")
     with open(args.out, "w") as f:
         json.dump(result, f)
+    if args.done:
+        touch(args.done)
 
 
 def main() -> None:
@@ -366,6 +373,11 @@ def main() -> None:
     p.add_argument("--holding", default="", help="consumer: file to create while it holds --keep batches")
     p.add_argument("--hold-until", default="", help="consumer: hold kept batches until this file exists")
     p.add_argument("--fresh-thread", action="store_true")
+    p.add_argument("--views", choices=["copy", "shared"], default="copy",
+                   help="consumer: private copies on the GPU (the default) or shared_gpu_views=True")
+    p.add_argument("--write-in-place", action="store_true", help="consumer: negate each batch in place")
+    p.add_argument("--start-after", default="", help="consumer: joined, take batches once this file exists")
+    p.add_argument("--done", default="", help="consumer: file to create when done")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", default="")
     args = p.parse_args()

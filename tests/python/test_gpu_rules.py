@@ -92,13 +92,15 @@ def assert_clean(result: dict, device, epochs: list[int], batches_per_epoch: int
 def test_every_value_is_read_after_its_copy(procs, name, device, memory, check):
     """The producer's ring stream falls behind before every batch's copies:
     two consumers of a 2-slot ring, one with the loader's batch size checking
-    on the host or on its current stream, one rebatching to another size
-    (checking on the host), must never see a batch before its copy is done."""
+    on the host or on its current stream (zero-copy views), one rebatching to
+    another size (checking its private copies on the host), must never see a
+    batch before its copy is done."""
     p = start(procs, device, "produce", name, "--memory", memory, "--slots", 2, "--epochs", 2,
               "--min-consumers", 2, ring_lags=True)
-    start(procs, device, "consume", name, "--check", check, "--epochs", 2, out="a.json")
+    start(procs, device, "consume", name, "--check", check, "--epochs", 2, "--views", "shared",
+          out="a.json")
     start(procs, device, "consume", name, "--check", "host", "--batch-size", device.loader_batch + 4,
-          "--epochs", 2, out="b.json")
+          "--epochs", 2, out="b.json")  # private copies (the default)
     procs.wait_all(timeout=180)
     per_epoch = device.samples // device.loader_batch
     assert_clean(procs.result("a.json"), device, [0, 1], per_epoch)
@@ -147,7 +149,35 @@ def test_loader_workers_write_into_the_pinned_mirror_and_every_value_arrives(pro
     assert stats["leases_out"] == 0, stats
 
 
-def test_a_slot_is_reused_only_after_the_consumers_stream_is_past_it(procs, name, device):
+@pytest.mark.parametrize("views", ["copy", "shared"])
+def test_one_consumers_in_place_write_leaves_anothers_values_intact(procs, name, device, tmp_path, views):
+    """A trainer negates its batches in place (a Mixup, an in-place
+    normalization) while another trainer's batches wait in the ring; the other
+    takes them afterwards. By default each GPU batch is a private copy, so
+    the other sees the loader's values; with shared_gpu_views=True both see
+    one memory (CUDA IPC maps it writable), and the write shows: the hazard
+    that makes copies the default."""
+    per_epoch = device.samples // device.loader_batch
+    done = tmp_path / "a.done"
+    start(procs, device, "produce", name, "--slots", per_epoch + 1, "--epochs", 1, "--min-consumers", 2)
+    start(procs, device, "consume", name, "--check", "host", "--epochs", 1, "--write-in-place",
+          "--views", views, "--done", done, out="a.json")
+    start(procs, device, "consume", name, "--check", "host", "--epochs", 1, "--start-after", done,
+          out="b.json")
+    procs.wait_all(timeout=180)
+    a, b = procs.result("a.json"), procs.result("b.json")
+    assert_clean(a, device, [0], per_epoch)  # each checked its batch before writing into it
+    assert a["stats"]["transfer"] == "view"
+    if views == "copy":
+        assert_clean(b, device, [0], per_epoch)
+        assert a["stats"]["batch_copies"] == b["stats"]["batch_copies"] == per_epoch
+    else:
+        assert a["stats"]["batch_copies"] == 0  # zero-copy views: the writes went to the ring
+        assert b["error"] is None and b["mismatches"] == per_epoch, b
+
+
+@pytest.mark.parametrize("views", ["copy", "shared"])
+def test_a_slot_is_reused_only_after_the_consumers_stream_is_past_it(procs, name, device, views):
     """A consumer checks each batch on its current stream, which falls further
     behind with every batch, and drops the batch at once; the producer's
     copies are quick. A 2-slot ring would be rewritten under the queued checks
@@ -155,7 +185,7 @@ def test_a_slot_is_reused_only_after_the_consumers_stream_is_past_it(procs, name
     stream was past them."""
     start(procs, device, "produce", name, "--slots", 2, "--epochs", 2)
     start(procs, device, "consume", name, "--check", "stream", "--stream-delay-us", device.lag_us,
-          "--epochs", 2, out="a.json")
+          "--epochs", 2, "--views", views, out="a.json")
     procs.wait_all(timeout=180)
     assert_clean(procs.result("a.json"), device, [0, 1], device.samples // device.loader_batch)
 
@@ -166,7 +196,7 @@ def test_release_after_device_covers_work_on_a_side_stream(procs, name, device):
     is past it."""
     start(procs, device, "produce", name, "--slots", 2, "--epochs", 2)
     start(procs, device, "consume", name, "--check", "side", "--stream-delay-us", device.lag_us,
-          "--release-after", "device", "--epochs", 2, out="a.json")
+          "--release-after", "device", "--epochs", 2, "--views", "shared", out="a.json")
     procs.wait_all(timeout=180)
     assert_clean(procs.result("a.json"), device, [0, 1], device.samples // device.loader_batch)
 
@@ -215,20 +245,23 @@ def test_a_consumer_in_the_producers_own_process_is_a_cuda_error(procs, name, de
     assert "in its own process" in r["error"] and "another process" in r["error"], r["error"]
 
 
-def test_a_ring_still_mapped_past_linger_is_freed_with_a_warning(procs, name, device, tmp_path):
-    """A consumer keeps a batch and stays alive after the last epoch: the
-    producer waits `linger` (1 s), then frees its ring with a LingerWarning;
-    the consumer, still holding the batch, exits cleanly later."""
+@pytest.mark.parametrize("views", ["shared", "copy"])
+def test_a_ring_still_mapped_past_linger_is_freed_with_a_warning(procs, name, device, tmp_path, views):
+    """A consumer keeps a batch and stays alive after the last epoch: with
+    shared views, the producer waits `linger` (1 s), then frees its ring with
+    a LingerWarning; the consumer, still holding the batch, exits cleanly
+    later. A private copy (the default) holds none of the ring: the producer
+    frees it at once, with nothing to warn of."""
     holding, release = tmp_path / "holding", tmp_path / "release"
     p = start(procs, device, "produce", name, "--epochs", 1, "--linger", 1)
     c = start(procs, device, "consume", name, "--check", "host", "--epochs", 1, "--keep", 1,
-              "--holding", holding, "--hold-until", release, out="a.json")
+              "--holding", holding, "--hold-until", release, "--views", views, out="a.json")
     eventually(lambda: holding.exists(), "the consumer holding a batch after its epoch", timeout=120)
     started = time.monotonic()
     p.wait(60)
     waited = time.monotonic() - started
     assert p.returncode == 0, procs.err(p)
-    assert "LingerWarning" in procs.err(p), procs.err(p)
+    assert ("LingerWarning" in procs.err(p)) == (views == "shared"), procs.err(p)
     assert waited < 30, f"the producer took {waited:.1f} s to give up its ring (linger 1 s)"
     assert c.poll() is None  # the consumer still holds its batch
     release.touch()

@@ -422,10 +422,31 @@ def test_writing_into_a_batch_in_place_crashes_with_an_explanation_and_corrupts_
     assert bad.returncode == -signal.SIGSEGV
     err = procs.err(bad)
     assert "batchcast: a batch tensor was written in place" in err and "clone()" in err
+    assert "Consumer(..., writable=True)" in err
+    # The Python traceback names the line that wrote.
+    script = Path(__file__).parent / "workers.py"
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "batch[0].mul_(2)" in text)
+    assert f'File "{script}", line {line}' in err, err
     procs.procs.remove(bad)
     procs.wait_all()
     r = procs.result("c.json")
     assert r["error"] is None and r["epochs"] == [list(range(200))]  # values checked too
+
+
+def test_a_writable_consumer_modifies_private_copies_and_nobody_else_sees_it(procs, name):
+    procs.start("produce", name, "--samples", "200", "--loader-batch", "10",
+                "--min-consumers", "2")
+    procs.start("consume", name, "--batch-size", "15", "--write-in-place", "--writable",
+                out="w.json")
+    procs.start("consume", name, "--batch-size", "10", "--check-values", out="c.json")
+    procs.wait_all()
+    w, c = procs.result("w.json"), procs.result("c.json")
+    assert w["error"] is None and w["epochs"] == [list(range(200))]
+    # Every batch handed out was a copy: of the ring (counted) or a join of two
+    # loader batches across a wrap of the ring (a copy anyway: "copies").
+    assert 14 - w["stats"]["copies"] <= w["stats"]["batch_copies"] <= 14
+    assert c["error"] is None and c["epochs"] == [list(range(200))]
+    assert c["stats"]["batch_copies"] == 0
 
 
 def test_a_name_is_free_as_soon_as_its_producer_dies_even_with_loader_workers_alive(procs, name):

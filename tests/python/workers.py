@@ -146,7 +146,7 @@ def consume(args: argparse.Namespace) -> None:
     consumer = bc.Consumer(args.name, batch_size=args.batch_size or None, drop_last=args.drop_last,
                            timeout=args.timeout, device=args.device or None,
                            late_join="catch_up" if args.catch_up else "next_epoch",
-                           state=state, **group)
+                           state=state, writable=args.writable, **group)
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "max_wait": 0.0}
     kept = []  # --keep: a user who stores batches instead of clones of them
@@ -190,7 +190,10 @@ def consume(args: argparse.Namespace) -> None:
                 if args.keep:
                     kept.append(batch)
                 if args.write_in_place:
-                    batch[0].mul_(2)  # a bug: batches are shared and read-only
+                    batch[0].mul_(2)  # a bug: batches are shared and read-only (unless --writable)
+                    if args.writable:  # then it may, and sees what it wrote
+                        batch[0].div_(2)
+                        check_values(batch)
                 if args.sleep:
                     time.sleep(args.sleep)
             result["epochs"].append(ids)
@@ -267,6 +270,7 @@ def main() -> None:
     parser.add_argument("--device", default="", help="producer: where the ring is; consumer: where batches go")
     parser.add_argument("--ring-bytes", type=int, default=0)
     parser.add_argument("--write-in-place", action="store_true")
+    parser.add_argument("--writable", action="store_true", help="consumer: Consumer(writable=True)")
     parser.add_argument("--ready", default="", help="file to create once joined (producer: serving)")
     parser.add_argument("--ready-after", type=int, default=0,
                         help="consumer: create --ready once this many batches arrived instead")

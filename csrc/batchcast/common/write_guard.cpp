@@ -24,9 +24,10 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     uintptr_t b = g_begin[i].load(std::memory_order_acquire);
     if (b != 0 && addr >= b && addr < g_end[i].load(std::memory_order_acquire)) {
       static const char kMessage[] =
-          "\nbatchcast: a batch tensor was written in place. Batches are read-only views of "
-          "memory shared with other training processes; use out-of-place ops (x = x / 255) "
-          "or write into x.clone().\n";
+          "\nbatchcast: a batch tensor was written in place (the Python traceback names the "
+          "line). Batches are read-only views of memory shared with other training processes: "
+          "use out-of-place ops (x = x / 255), write into x.clone(), or receive private copies "
+          "you may modify with Consumer(..., writable=True).\n";
       [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
       break;
     }

@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "batchcast/common/endpoint.h"
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/channel.h"
+#include "batchcast/cuda/simulated_runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/protocol/dtype.h"
 
@@ -32,6 +34,10 @@ ConsumerOptions checked(ConsumerOptions o) {
     if (!o.batch_size) throw InvalidArgument("a consumer group needs a batch_size (each rank's)");
   } else if (!o.group.empty() || o.rank != 0) {
     throw InvalidArgument("group and rank need world_size");
+  }
+  if (o.writable && o.shared_gpu_views) {
+    throw InvalidArgument("writable=True and shared_gpu_views=True ask for opposite things: batches you may "
+                          "modify (private copies), and views of GPU memory every consumer shares; pass one");
   }
   if (o.resume_epoch < -1 || o.resume_position < 0) {
     throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume) and resume_position >= 0");
@@ -88,6 +94,9 @@ Consumer::Consumer(ConsumerOptions options)
     pin_budget_ = w.pin_budget;
     id_ = w.consumer_id;
     place(w.ring);
+    // Views of the ring are shared with every other consumer: a GPU view is
+    // writable (CUDA IPC maps it so), so by default a GPU batch is copied.
+    copy_out_ = options_.writable || (transfer_ == Transfer::View && !options_.shared_gpu_views);
   } catch (...) {
     channel_->leave();
     throw;
@@ -313,13 +322,11 @@ std::optional<Batch> Consumer::next() {
   if (ring_device_ >= 0) scope.emplace(ring_device_);
   while (true) {
     if (auto b = rebatcher_.pop()) {
-      batches_ += 1;
-      samples_ += b->samples;
       if (++epoch_batches_ > 1 && replaying_) {
         replay_.clear();  // no longer a peek
         replaying_ = false;
       }
-      return b;
+      return hand_out(std::move(b));
     }
     protocol::Message m = channel_->take();
     if (auto* a = std::get_if<protocol::Announcement>(&m)) {
@@ -338,12 +345,8 @@ std::optional<Batch> Consumer::next() {
       replay_.clear();
       replaying_ = false;
       auto rest = rebatcher_.flush(end->samples);
-      if (rest) {
-        batches_ += 1;
-        samples_ += rest->samples;
-        epoch_batches_ += 1;
-      }
-      return rest;
+      if (rest) epoch_batches_ += 1;
+      return hand_out(std::move(rest));
     } else if (auto* broken = std::get_if<protocol::GroupBroken>(&m)) {
       if (broken->epoch <= epoch_) fail_group(*broken);
       group_broken_ = *broken;  // it left after this epoch: the next one fails
@@ -369,6 +372,47 @@ std::optional<Batch> Consumer::next() {
       return past_end();
     }
   }
+}
+
+// Counts a batch going to the caller, first made private where it must be:
+// its views of the ring become copies of their own (the slots then go back
+// as soon as the copy is done).
+std::optional<Batch> Consumer::hand_out(std::optional<Batch> batch) {
+  if (!batch) return batch;
+  batches_ += 1;
+  samples_ += batch->samples;
+  if (copy_out_) {
+    const std::vector<bool>& views = rebatcher_.last_batch_views();
+    bool copied = false;
+    for (std::size_t j = 0; j < batch->leaves.size() && j < views.size(); ++j) {
+      if (!views[j]) continue;
+      at::Tensor& t = std::get<at::Tensor>(batch->leaves[j]);
+      t = private_copy(t);
+      copied = true;
+    }
+    batch_copies_ += copied ? 1 : 0;
+  }
+  return batch;
+}
+
+// A copy of a view of the ring, ordered after what made its slot readable:
+// on a GPU, queued on the current stream (which waits on the slot's event);
+// on the simulated device, whose memory is host memory, a copy run in that
+// stream's order. Either way the slot goes back only once the stream is past
+// the copy: the view's release is ordered on that stream after it.
+at::Tensor Consumer::private_copy(const at::Tensor& view) const {
+  if (transfer_ == Transfer::View && cuda::simulating()) {
+    // Its memory is freed in stream order, as the caching allocator's is.
+    const cuda::Stream stream = cuda::simulated::current_stream();
+    const void* from = view.data_ptr();
+    const std::size_t bytes = view.nbytes();
+    void* memory = cuda::simulated::stream_alloc(bytes);
+    at::Tensor out = at::from_blob(
+        memory, view.sizes(), [stream](void* p) { cuda::simulated::stream_free(p, stream); }, view.options());
+    cuda::runtime().launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });
+    return out;
+  }
+  return view.clone(at::MemoryFormat::Contiguous);
 }
 
 // Ring slots this process references for batches it keeps: every slot held
@@ -458,6 +502,7 @@ ConsumerStats Consumer::stats() const {
   s.copies = rebatcher_.stats().copies;
   s.spills = rebatcher_.stats().spills;
   s.private_copies = private_copies_;
+  s.batch_copies = batch_copies_;
   s.slots_held = c.slots_held;
   s.slots_pinned = std::max<int64_t>(0, pinned_beyond(0));
   s.pin_budget = pin_budget_;

@@ -58,6 +58,14 @@ struct ConsumerOptions {
   // An epoch asked for after the producer served all its epochs: empty (true),
   // or EpochsExhausted (false: a training loop must not quietly get nothing).
   bool empty_past_last_epoch = false;
+  // Batches the caller may modify: each batch handed out is a private copy
+  // (else a view of shared memory: read-only on the host).
+  bool writable = false;
+  // A GPU ring's batches as zero-copy views of the producer's memory, which
+  // every consumer on that GPU shares and none may modify (CUDA IPC maps it
+  // writable: nothing stops an in-place op). Without it, each batch is a
+  // private copy on the GPU, made on the current stream.
+  bool shared_gpu_views = false;
   Reporter reporter;        // where warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
@@ -80,6 +88,8 @@ struct ConsumerOptions {
     v("resume_epoch", resume_epoch);
     v("resume_position", resume_position);
     v("empty_past_last_epoch", empty_past_last_epoch);
+    v("writable", writable);
+    v("shared_gpu_views", shared_gpu_views);
   }
 };
 
@@ -93,6 +103,9 @@ struct ConsumerStats {
   int64_t copies = 0;           // tensors concatenated across a ring wrap or a spill
   int64_t spills = 0;           // times pending samples were copied out of the ring
   int64_t private_copies = 0;   // loader batches copied because kept batches pinned our share
+  // Batches handed out as private copies of shared memory (writable, or GPU
+  // batches without shared_gpu_views).
+  int64_t batch_copies = 0;
   int64_t slots_held = 0;       // ring slots this process still references
   int64_t slots_pinned = 0;     // of those, slots of batches kept beyond the current one
   int32_t pin_budget = 0;       // slots it may pin before taking private copies
@@ -126,6 +139,7 @@ struct ConsumerStats {
     v("copies", copies);
     v("spills", spills);
     v("private_copies", private_copies);
+    v("batch_copies", batch_copies);
     v("slots_held", slots_held);
     v("slots_pinned", slots_pinned);
     v("pin_budget", pin_budget);
@@ -185,6 +199,8 @@ class Consumer {
   [[noreturn]] void fail_group(const protocol::GroupBroken& broken);
   int64_t pinned_beyond(uint64_t incoming) const;
   void push(LoaderBatch batch);
+  std::optional<Batch> hand_out(std::optional<Batch> batch);
+  at::Tensor private_copy(const at::Tensor& view) const;
   std::optional<Batch> past_end();
   bool can_restart() const;
 
@@ -195,6 +211,8 @@ class Consumer {
   int ring_device_ = -1;            // the producer's GPU as numbered here; -1: host ring
   int64_t transfers_ = 0;
   int64_t private_copies_ = 0;
+  bool copy_out_ = false;           // batches are handed out as private copies
+  int64_t batch_copies_ = 0;
   int32_t pin_budget_ = 0;
   bool warned_keeping_ = false;
   Rebatcher rebatcher_;

@@ -331,6 +331,7 @@ Batch Rebatcher::take(int64_t n) {
   }
 
   last_slots_.clear();
+  last_views_.assign(pieces.front().batch->announcement.leaves.size(), false);
   for (const Piece& p : pieces) {
     if (!p.batch->spilled()) last_slots_.push_back(p.batch->token->seq());
   }
@@ -389,6 +390,7 @@ Batch Rebatcher::take(int64_t n) {
         out.leaves.emplace_back(at::from_blob(
             start_of(pieces.front()), shape, [tokens = std::move(tokens)](void*) {}, options, device));
         stats_.views += 1;
+        last_views_[j] = true;
       } else {
         std::vector<at::Tensor> parts;
         for (const Piece& p : pieces) {

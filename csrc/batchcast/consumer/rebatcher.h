@@ -105,6 +105,9 @@ class Rebatcher {
   std::vector<uint64_t> pending_slots() const;
   // Ring slots the batch handed out last is a view of.
   const std::vector<uint64_t>& last_batch_slots() const { return last_slots_; }
+  // Which leaves of the batch handed out last are views of the ring (the
+  // others are lists, or tensors of their own: copies).
+  const std::vector<bool>& last_batch_views() const { return last_views_; }
   // Where this consumer stands in the epoch's stream: the position of the
   // first sample it has not taken yet (a group: where its next window starts).
   int64_t position() const;
@@ -131,6 +134,7 @@ class Rebatcher {
   bool drop_last_;
   std::optional<GroupRank> group_;
   std::vector<uint64_t> last_slots_;
+  std::vector<bool> last_views_;
   std::deque<LoaderBatch> pending_;
   int64_t front_used_ = 0;  // samples of pending_.front() already handed out
   int64_t buffered_ = 0;

@@ -13,7 +13,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -411,7 +413,8 @@ class SimulatedRuntime final : public Runtime {
   void* open_memory_handle(const std::string& h) override {
     need_context();
     auto [pid, fd, bytes] = parse(h, kMemoryMagic, "cudaIpcOpenMemHandle");
-    Mapping m = map_from(pid, fd, bytes, "cudaIpcOpenMemHandle");
+    // As cudaIpcOpenMemHandle: readable and writable (nothing protects it).
+    Mapping m = map_from(pid, fd, bytes, "cudaIpcOpenMemHandle", PROT_READ | PROT_WRITE);
     std::byte* base = m.data();
     std::lock_guard<std::mutex> lock(mu_);
     imported_.emplace(base, std::move(m));
@@ -465,6 +468,20 @@ class SimulatedRuntime final : public Runtime {
   void give_back_pinned(void* memory) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     cached_.push_back(memory);
+  }
+  void stream_free(void* memory, Stream stream) noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto* s = static_cast<SimStream*>(stream);
+      if (s != nullptr && streams_.count(s) != 0) {
+        try {
+          s->push([memory] { std::free(memory); }, /*delayed=*/false);
+          return;
+        } catch (...) {  // no memory to queue it: free it now (as the stream is gone)
+        }
+      }
+    }
+    std::free(memory);
   }
   uint64_t context_id(void* context) const {
     return context == nullptr ? 0 : static_cast<uint64_t>(context_device(context)) + 1;
@@ -630,6 +647,18 @@ void set_current_stream(Stream stream) { t_stream = stream; }
 void* take_pinned(uint64_t bytes) { return active_simulation("take_pinned").take_pinned(bytes); }
 void give_back_pinned(void* memory) noexcept {
   if (g_simulated != nullptr) g_simulated->give_back_pinned(memory);
+}
+void* stream_alloc(uint64_t bytes) {
+  void* p = std::malloc(std::max<uint64_t>(bytes, 1));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void stream_free(void* memory, Stream stream) noexcept {
+  if (g_simulated != nullptr) {
+    g_simulated->stream_free(memory, stream);
+  } else {
+    std::free(memory);
+  }
 }
 uint64_t current_context_id() { return active_simulation("current_context_id").context_id(t_context); }
 uint64_t primary_context_id(int device) {

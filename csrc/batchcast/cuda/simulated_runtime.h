@@ -6,7 +6,8 @@
 // selects it for a whole process (set it in the environment of every process
 // of a test: producer and consumers). What it models:
 //   - device memory is host memory (a memfd), exported and opened over "IPC"
-//     through /proc/<pid>/fd; a consumer maps it read-only;
+//     through /proc/<pid>/fd; a consumer maps it readable and writable, as
+//     cudaIpcOpenMemHandle does (nothing stops an in-place write);
 //   - a stream is an ordered queue run by its own thread; each copy and host
 //     function starts after a random delay in [0, max_delay_us], so the host
 //     runs ahead of the device as it does on a GPU;
@@ -22,7 +23,10 @@
 //     does — so tests can see that batchcast leaves a caller's thread as it
 //     found it;
 //   - pinned host memory is what host_alloc() and take_pinned() gave out,
-//     and what host_register() pinned until host_unregister().
+//     and what host_register() pinned until host_unregister();
+//   - memory a consumer allocates for its tensors (stream_alloc) is freed in
+//     stream order, as torch's caching allocator reuses a freed block only
+//     for work queued after what used it.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +59,13 @@ void set_current_stream(Stream stream);
 // of it reads the next batch's bytes. For loaders in tests.
 void* take_pinned(uint64_t bytes);
 void give_back_pinned(void* memory) noexcept;
+
+// Memory for a tensor made on `stream`: given back by stream_free only once
+// that stream has run what was queued on it before (a stream that no longer
+// exists: at once). As torch's caching allocator on a GPU: a tensor dropped
+// while work reading it is still queued keeps its bytes until that work ran.
+void* stream_alloc(uint64_t bytes);
+void stream_free(void* memory, Stream stream) noexcept;
 
 // The simulated context current on the calling thread, as a number (0: none),
 // and the one a device's primary context is.

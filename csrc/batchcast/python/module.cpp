@@ -462,7 +462,7 @@ PYBIND11_MODULE(_C, m) {
                        Placement placement, int cuda_device,
                        MappedRing::ReleaseAfter release_after, std::string group, int32_t rank,
                        int32_t world_size, int64_t resume_epoch, int64_t resume_position,
-                       bool empty_past_last_epoch) {
+                       bool empty_past_last_epoch, bool writable, bool shared_gpu_views) {
              auto b = std::make_unique<BoundConsumer>();
              ConsumerOptions o;
              o.name = std::move(name);
@@ -480,6 +480,8 @@ PYBIND11_MODULE(_C, m) {
              o.resume_epoch = resume_epoch;
              o.resume_position = resume_position;
              o.empty_past_last_epoch = empty_past_last_epoch;
+             o.writable = writable;
+             o.shared_gpu_views = shared_gpu_views;
              ConsumerOptions options = with_hooks(std::move(o), b->reports);
              without_gil([&] { b->core = std::make_unique<Consumer>(std::move(options)); });
              b->reports->flush();
@@ -495,7 +497,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("rank") = kConsumer.rank, py::arg("world_size") = kConsumer.world_size,
            py::arg("resume_epoch") = kConsumer.resume_epoch,
            py::arg("resume_position") = kConsumer.resume_position,
-           py::arg("empty_past_last_epoch") = kConsumer.empty_past_last_epoch)
+           py::arg("empty_past_last_epoch") = kConsumer.empty_past_last_epoch,
+           py::arg("writable") = kConsumer.writable,
+           py::arg("shared_gpu_views") = kConsumer.shared_gpu_views)
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {

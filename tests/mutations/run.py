@@ -78,6 +78,20 @@ MUTANTS = {
         "a slot goes back as soon as its tensors are freed, before the consumer's stream is past them",
         "reused_only_after",
     ),
+    "gpu-views-not-copied": (
+        "csrc/batchcast/consumer/consumer.cpp",
+        [("    copy_out_ = options_.writable || (transfer_ == Transfer::View && !options_.shared_gpu_views);\n",
+          "    copy_out_ = options_.writable;\n")],
+        "GPU batches are handed out as views of the shared ring, so one trainer's in-place op changes another's",
+        "in_place_write",
+    ),
+    "private-copy-off-stream": (
+        "csrc/batchcast/consumer/consumer.cpp",
+        [("    cuda::runtime().launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });\n",
+          "    std::memcpy(memory, from, bytes);\n")],
+        "a GPU batch's private copy is made at once rather than in stream order, before the slot is readable",
+        "reused_only_after and copy",
+    ),
     "release-after-device-ignored": (
         "csrc/batchcast/consumer/mapped_ring.cpp",
         [("    if (after_ == ReleaseAfter::Device) {\n", "    if (false) {\n")],

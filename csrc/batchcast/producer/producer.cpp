@@ -324,7 +324,7 @@ void Producer::note_loader_time() {
   }
 }
 
-RingSlot Producer::reserve(const Layout& layout, double& waited) {
+RingSlot Producer::reserve(const Layout& layout, const Batch& batch, double& waited) {
   std::unique_lock<std::mutex> lock(mu_);
   rethrow_io_error();
   note_loader_time();
@@ -335,6 +335,7 @@ RingSlot Producer::reserve(const Layout& layout, double& waited) {
     stats_.ring_bytes = ring_->bytes();
     stream_.push_back(protocol::RingReady{ring_->description()});
   }
+  ring_->check_fits(layout.bytes, batch);
   RingSlot slot = wait_for_slot(lock, layout, waited);
   publishing_ += 1;  // close() waits for this write before freeing the ring
   return slot;
@@ -389,7 +390,7 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
       if (seq) p->return_lease(*seq);
     }
   } unused{this, leased ? std::nullopt : lease};
-  RingSlot slot = leased ? std::move(*leased) : reserve(layout, waited);
+  RingSlot slot = leased ? std::move(*leased) : reserve(layout, batch, waited);
   struct Done {  // whatever happens below, close() may go on afterwards
     Producer* p;
     ~Done() {

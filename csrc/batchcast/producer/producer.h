@@ -269,7 +269,7 @@ class Producer {
 
   // publish(): validate -> reserve -> write -> announce.
   Layout validate(const Batch& batch) const;
-  RingSlot reserve(const Layout& layout, double& waited);
+  RingSlot reserve(const Layout& layout, const Batch& batch, double& waited);
   RingSlot wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout, double& waited);
   std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout);
   void note_loader_time();  // under mu_: the time since the last publish was the loader's

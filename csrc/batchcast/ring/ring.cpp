@@ -1,8 +1,13 @@
 #include "batchcast/ring/ring.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <ATen/core/Tensor.h>
 
 #include "batchcast/common/error.h"
+#include "batchcast/protocol/dtype.h"
 
 namespace batchcast {
 
@@ -21,17 +26,25 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   // at its wrap, and `slots` more for batches consumers keep (see
   // Membership::pin_budget): kept batches are holes the flow goes around.
   const uint64_t slots = 2 * static_cast<uint64_t>(options_.slots) + 1;
-  double scale = 1.0;
+  double scale = 1.0;  // min_bytes: a larger ring, for more in flight or larger batches
   if (total > 0 && options_.min_bytes > total * slots) {
     scale = static_cast<double>(options_.min_bytes) / static_cast<double>(total * slots);
   }
+  // Each lane holds all that for batches up to `growth` times the first.
+  const double growth = std::max(kGrowth, scale);
   std::vector<uint64_t> capacities;
+  first_bytes_ = leaf_bytes;
+  largest_.clear();
   for (uint64_t b : leaf_bytes) {
-    capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * scale));
+    capacities.push_back(static_cast<uint64_t>(static_cast<double>(b * slots) * growth));
+    largest_.push_back(static_cast<uint64_t>(static_cast<double>(b) * growth));
   }
-  // Batches go to the flow's share of each lane while they fit there; the
-  // room for kept batches is used (and so touched) only when needed.
-  const double flow_share = static_cast<double>(options_.slots + 1) / static_cast<double>(slots);
+  // Batches go to the flow's share of each lane while they fit there: the
+  // first batch's size (times scale) for `slots` + 1 of them. The room for
+  // kept batches and for larger batches is used (and so touched) only when
+  // needed.
+  const double flow_share =
+      static_cast<double>(options_.slots + 1) * scale / (static_cast<double>(slots) * growth);
   LaneAllocator lanes(capacities, flow_share);
   // Twice as many events as slots: smaller later batches can put more in flight.
   const int events = events_per_slot() * static_cast<int>(2 * slots);
@@ -41,6 +54,57 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   prepare(used_first);
   lanes_.emplace(std::move(lanes));
   if (events > 0) events_.emplace(events);
+}
+
+namespace {
+std::string mib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+}  // namespace
+
+void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) const {
+  if (!lanes_ || bytes.size() != largest_.size()) return;  // the allocator says what is wrong
+  double worst = 0;
+  std::size_t lane = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] <= largest_[i]) continue;
+    const double ratio = static_cast<double>(bytes[i]) / static_cast<double>(std::max<uint64_t>(first_bytes_[i], 1));
+    if (ratio > worst) {
+      worst = ratio;
+      lane = i;
+    }
+  }
+  if (worst == 0) return;
+  // The tensor in that lane, for its shape.
+  std::string shape;
+  std::size_t k = 0;
+  for (const Leaf& leaf : batch.leaves) {
+    const auto* t = std::get_if<at::Tensor>(&leaf);
+    if (t == nullptr) continue;
+    if (k++ != lane) continue;
+    std::string dims;
+    for (int64_t d : t->sizes()) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    shape = " of shape [" + dims + "] " + protocol::dtype_name(protocol::to_wire(t->scalar_type()));
+  }
+  uint64_t total = 0;
+  for (uint64_t b : first_bytes_) total += b;
+  const double growth = static_cast<double>(largest_[lane]) / static_cast<double>(std::max<uint64_t>(first_bytes_[lane], 1));
+  const double want = std::ceil(worst * 1.25);  // some room beyond this batch
+  const uint64_t slots = 2 * static_cast<uint64_t>(options_.slots) + 1;
+  const uint64_t ring_bytes = static_cast<uint64_t>(static_cast<double>(total * slots) * want);
+  char ratio_text[64];
+  std::snprintf(ratio_text, sizeof ratio_text, "%.1fx", worst);
+  char growth_text[64];
+  std::snprintf(growth_text, sizeof growth_text, "%.1fx", growth);
+  throw InvalidArgument(
+      "its tensor " + std::to_string(lane) + shape + " holds " + mib(bytes[lane]) + ", " + ratio_text +
+      " that tensor of the first batch (" + mib(first_bytes_[lane]) + "), and the ring, sized from the first "
+      "batch, takes batches up to " + growth_text + " it. Pass ring_bytes=" + std::to_string(ring_bytes) +
+      " (batchcast serve --ring-bytes " + std::to_string(ring_bytes) + ") for batches up to " +
+      std::to_string(static_cast<int64_t>(want)) + "x the first, or make the first batch the largest "
+      "(sort by length, or pad to a fixed size)");
 }
 
 std::optional<RingSlot> Ring::try_reserve(const std::vector<uint64_t>& bytes,

@@ -53,9 +53,17 @@ class Ring {
   // is reserved for it).
   virtual void check(const Batch& batch) const = 0;
   bool allocated() const { return lanes_.has_value(); }
+  // Later batches may be this many times the first batch's bytes per tensor
+  // (padded sequences, variable-length samples) with the same guarantees.
+  static constexpr double kGrowth = 4.0;
   // Lays the lanes out for batches like this one and allocates the memory,
-  // once: room for `slots` in flight, one lost at a wrap, and `slots` kept.
+  // once: room for `slots` in flight, one lost at a wrap, and `slots` kept,
+  // of batches up to kGrowth times this one (or more, with min_bytes). Room
+  // beyond the first batch's size is touched only once batches grow into it.
   void allocate(const std::vector<uint64_t>& leaf_bytes);
+  // Throws InvalidArgument, saying by how much and what to pass, when a
+  // batch with these tensor sizes is larger than the lanes are laid out for.
+  void check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) const;
   // A slot for a batch with these tensor sizes, or nullopt while it is full.
   std::optional<RingSlot> try_reserve(const std::vector<uint64_t>& bytes,
                                       const std::vector<uint64_t>& align);
@@ -108,6 +116,8 @@ class Ring {
 
  private:
   std::optional<LaneAllocator> lanes_;
+  std::vector<uint64_t> first_bytes_;  // of each tensor of the first batch
+  std::vector<uint64_t> largest_;      // the largest tensor each lane takes
   std::optional<EventPool> events_;
   std::map<uint64_t, BorrowedEvent> slot_events_;  // declared after the pool: returned first
 };

@@ -443,6 +443,13 @@ class _ScreenLog(logging.Handler):
               help="Epochs to serve, then exit. Default: until stopped (Ctrl-C, SIGTERM).")
 @click.option("--slots", type=click.IntRange(min=2), default=8, show_default=True,
               help="Loader batches the ring holds in flight.")
+@click.option("--ring-bytes", type=click.IntRange(min=0), default=0, metavar="BYTES",
+              help="Least size of the ring. It is sized from the first batch for --slots batches "
+                   "up to 4x its size; pass more for larger later batches (the error that "
+                   "needs it says how much).")
+@click.option("--samples-per-epoch", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Samples the loader yields per epoch, where it cannot say itself (no "
+                   "len()): trainers then know len() from the start.")
 @click.option("--min-consumers", "-m", type=click.IntRange(min=1), default=1, show_default=True,
               help="Consumers to wait for before loading anything (a whole sweep).")
 @click.option("--straggler-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -453,7 +460,8 @@ class _ScreenLog(logging.Handler):
               help="Status refresh interval; 0: no live status. "
                    "Default: 1 on a terminal, 5 otherwise.")
 def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epochs: int | None,
-          slots: int, min_consumers: int, straggler_timeout: float | None,
+          slots: int, ring_bytes: int, samples_per_epoch: int | None, min_consumers: int,
+          straggler_timeout: float | None,
           refresh: float | None) -> int:
     """Serve the loader that FUNCTION in PATH.py returns to every trainer that
     asks for it by name.
@@ -513,10 +521,12 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
     previous = {s: signal.signal(s, on_signal) for s in handled}
     try:
         try:
+            if samples_per_epoch is None:
+                samples_per_epoch = _samples_per_epoch(loader)
             producer = Producer(counted, name, device=device, epochs=epochs,
-                                min_consumers=min_consumers, slots=slots,
+                                min_consumers=min_consumers, slots=slots, ring_bytes=ring_bytes,
                                 straggler_timeout=straggler_timeout,
-                                samples_per_epoch=_samples_per_epoch(loader))
+                                samples_per_epoch=samples_per_epoch)
         except _C.NameInUse as exc:
             raise CliError(f"{exc} (stop that producer, or pass --name)") from exc
         except (ValueError, TypeError) as exc:  # an invalid name, say

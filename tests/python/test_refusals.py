@@ -237,3 +237,85 @@ def test_numpy_arrays_in_a_batch_are_refused_saying_how_to_convert(runtime_dir, 
 def test_an_absurd_batch_size_is_a_value_error(runtime_dir, name, size):
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         bc.Consumer(name, batch_size=size)
+
+
+# ---- 7: batches that grow -----------------------------------------------------------
+
+class Growing:
+    """Batches whose sizes vary between a quarter of and 4x the first batch's
+    bytes (a random walk, seeded): by the number of samples (`rows`, batches
+    of 16 +- ), or by the padded length of each sample (`length`)."""
+
+    def __init__(self, how: str, batches: int = 60, seed: int = 0, most: float = 4.0):
+        import random
+
+        rng = random.Random(seed)
+        self.how = how
+        self.sizes = [16] + [max(4, min(int(16 * most), int(16 * rng.uniform(0.25, most))))
+                             for _ in range(batches - 1)]
+        self.sizes[rng.randrange(1, batches)] = int(16 * most)  # the largest allowed, once
+
+    def __iter__(self):
+        start = 0
+        for size in self.sizes:
+            if self.how == "rows":  # size samples of 4 KiB
+                ids = torch.arange(start, start + size)
+                yield ids, ids.view(-1, 1).repeat(1, 1024).int()
+                start += size
+            else:  # 16 samples, each `size` * 256 ints long (padding)
+                ids = torch.arange(start, start + 16)
+                yield ids, ids.view(-1, 1).repeat(1, size * 256).int()
+                start += 16
+
+
+@pytest.mark.parametrize("how", ["rows", "length"])
+def test_batches_up_to_four_times_the_first_just_work(runtime_dir, name, how):
+    loader = Growing(how)
+    total = sum(loader.sizes) if how == "rows" else 16 * len(loader.sizes)
+    with bc.Producer(loader, name, epochs=2, slots=4) as producer:
+        forward = bc.Consumer(name, timeout=10)
+        consumers = [forward]
+        if how == "rows":  # rebatching needs one sample shape
+            consumers.append(bc.Consumer(name, batch_size=7, timeout=10))
+        got = {id(c): [] for c in consumers}
+
+        def take(c):
+            for _ in range(2):
+                seen = []
+                for ids, rows in c:
+                    assert torch.equal(rows[:, 0].long(), ids) and torch.equal(rows[:, -1].long(), ids)
+                    seen += ids.tolist()
+                got[id(c)].append(seen)
+
+        threads = [threading.Thread(target=take, args=(c,)) for c in consumers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for c in consumers:
+            assert got[id(c)] == [list(range(total))] * 2
+            c.close()
+        stats = producer.stats()
+    assert stats["batches_published"] == 2 * len(loader.sizes)
+
+
+def test_a_batch_beyond_what_the_ring_takes_is_an_error_naming_its_size_and_ring_bytes(runtime_dir, name):
+    def batches(last):
+        return [torch.ones(8, 32768), torch.ones(8, 32768 * 2), torch.ones(8, int(32768 * last))]
+
+    producer = bc.Producer(batches(5), name, epochs=1).start()
+    with bc.Consumer(name, timeout=10) as consumer:
+        with pytest.raises(bc.LoaderError) as error:
+            list(consumer)
+    with pytest.raises(bc.LoaderError):
+        producer.stop()
+    message = str(error.value)
+    assert "loader batch 2: its tensor 0 of shape [8, 163840] float32 holds 5.00 MiB, 5.0x that " \
+           "tensor of the first batch (1.00 MiB)" in message
+    assert "takes batches up to 4.0x it" in message
+    ring_bytes = int(message.split("ring_bytes=")[1].split(" ")[0])
+    assert f"batchcast serve --ring-bytes {ring_bytes}" in message
+    # What it says to pass is enough.
+    with bc.Producer(batches(5), name, epochs=1, ring_bytes=ring_bytes):
+        with bc.Consumer(name, timeout=10) as consumer:
+            assert [b.shape[1] for b in consumer] == [32768, 65536, 163840]

@@ -674,6 +674,9 @@ def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
               if status.get(k, 0)]
     consumers = status.get("consumers", [])
     lines.append(f"  consumers: {len(consumers)}" + (f" ({', '.join(events)})" if events else ""))
+    if status.get("waiting_for") == "joins":
+        lines.append(f"  waiting for {status.get('consumers_wanted')} consumers to join before "
+                     f"loading (min_consumers; {len(consumers)} present)")
     if not consumers:
         return lines, None
     from rich.padding import Padding

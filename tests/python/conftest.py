@@ -90,7 +90,19 @@ def procs(tmp_path, runtime_dir):
 
 
 def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """What batchcast could have left in /dev/shm (its memory is memfds, so
+    nothing, ever): entries named after it. Other programs on the machine
+    create and remove entries of their own meanwhile (sem.mp-*, say), so the
+    whole directory is no baseline."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {e for e in os.listdir("/dev/shm") if "batchcast" in e.lower()}
+
+
+def batchcast_mappings() -> int:
+    """This process's mappings of batchcast's shared memory (rings, mailboxes)."""
+    with open("/proc/self/maps") as f:
+        return sum("memfd:batchcast" in line for line in f)
 
 
 def open_fds() -> int:

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import eventually, open_fds, shm_entries
+from conftest import batchcast_mappings, eventually, open_fds, shm_entries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -522,6 +522,7 @@ def test_a_serving_producer_keeps_nothing_of_consumers_that_left(runtime_dir):
 def test_fds_threads_and_shm_return_to_baseline(runtime_dir):
     gc.collect()  # objects of earlier tests (kept by tracebacks) hold fds too
     fds, threads, shm = open_fds(), threading.active_count(), shm_entries()
+    mappings = batchcast_mappings()
     for round_ in range(3):
         counts = []
 
@@ -540,6 +541,7 @@ def test_fds_threads_and_shm_return_to_baseline(runtime_dir):
     assert open_fds() == fds
     assert threading.active_count() == threads
     assert shm_entries() == shm
+    assert batchcast_mappings() == mappings  # rings and mailboxes unmapped
     assert list(runtime_dir.iterdir()) == []
 
 

@@ -319,3 +319,63 @@ def test_a_batch_beyond_what_the_ring_takes_is_an_error_naming_its_size_and_ring
     with bc.Producer(batches(5), name, epochs=1, ring_bytes=ring_bytes):
         with bc.Consumer(name, timeout=10) as consumer:
             assert [b.shape[1] for b in consumer] == [32768, 65536, 163840]
+
+
+# ---- a waiting consumer says what it waits for --------------------------------------
+
+def test_a_consumer_waiting_for_min_consumers_says_so_and_status_shows_it(runtime_dir, name, caplog):
+    import logging
+
+    from batchcast.cli import _status_block
+    from batchcast.status import list_producers
+
+    caplog.set_level(logging.INFO, logger="batchcast")
+    with bc.Producer(Ids(12, 4), name, epochs=1, min_consumers=3) as producer:
+        first = bc.Consumer(name, timeout=10)
+        second = bc.Consumer(name, timeout=10)
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(epoch_ids(second)))
+        waiting.start()
+        said = "waits for the producer to begin: it waits for 3 consumers before it loads " \
+               "anything (min_consumers), and 2 were present when this one joined"
+        eventually(lambda: said in caplog.text, "the waiting consumer to say why")
+        assert caplog.text.count(said) == 1
+        (listing,) = [p for p in list_producers() if p["name"] == name]
+        assert listing["status"]["waiting_for"] == "joins"
+        assert listing["status"]["consumers_wanted"] == 3
+        lines, _ = _status_block(listing)
+        assert "  waiting for 3 consumers to join before loading (min_consumers; 2 present)" in lines
+        third = bc.Consumer(name, timeout=10)
+        done = [threading.Thread(target=epoch_ids, args=(c,)) for c in (first, third)]
+        for t in done:
+            t.start()
+        waiting.join(30)
+        for t in done:
+            t.join(30)
+        assert got == [list(range(12))]
+        assert producer.stats()["waiting_for"] != "joins"
+        for c in (first, second, third):
+            c.close()
+
+
+def test_a_late_joiner_says_it_waits_for_the_next_epoch(runtime_dir, name, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="batchcast")
+    gate = threading.Event()
+    with bc.Producer(Ids(12, 4, gate, pause_at=(0, 2)), name, epochs=2) as producer:
+        first = bc.Consumer(name, batch_size=4, timeout=10)
+        eventually(lambda: producer.stats()["batches_published"] >= 2, "epoch 0 to be under way")
+        late = bc.Consumer(name, batch_size=4, timeout=10)
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(epoch_ids(late)))
+        waiting.start()
+        eventually(lambda: "waits for epoch 1 to begin: it joined while the producer served epoch 0"
+                   in caplog.text, "the late consumer to say why it waits")
+        gate.set()
+        for _ in range(2):
+            epoch_ids(first)
+        waiting.join(30)
+        assert got == [list(range(12))]
+        first.close()
+        late.close()

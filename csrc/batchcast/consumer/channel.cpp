@@ -122,9 +122,10 @@ protocol::Welcome Channel::join(double timeout) {
   }
 }
 
-protocol::Message Channel::take() {
+protocol::Message Channel::take(const std::function<void(double)>& waiting) {
   Inside inside(trainer_inside_);
-  auto last_interrupt = Clock::now();
+  const auto started = Clock::now();
+  auto last_interrupt = started;
   while (true) {
     pump(/*socket=*/false);
     {
@@ -132,6 +133,7 @@ protocol::Message Channel::take() {
       if (auto m = session_.take()) return std::move(*m);
     }
     interrupt_check(last_interrupt);
+    if (waiting) waiting(std::chrono::duration<double>(Clock::now() - started).count());
     int bell = -1;
     bool socket = true;
     {

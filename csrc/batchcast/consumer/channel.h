@@ -86,9 +86,10 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   protocol::Welcome join(double timeout);
 
   // The next Announcement, EpochEnd, LoaderFailed, Finished, GroupReady or
-  // GroupBroken, in order; blocks until there is one. Throws the channel's
+  // GroupBroken, in order; blocks until there is one, calling `waiting`
+  // with the seconds waited so far about every 100 ms. Throws the channel's
   // first error.
-  protocol::Message take();
+  protocol::Message take(const std::function<void(double)>& waiting = {});
 
   // Ownership of a taken announcement's slot: the token's last owner releases it.
   std::shared_ptr<ReleaseToken> hold(uint64_t seq);

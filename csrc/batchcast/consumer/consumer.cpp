@@ -79,6 +79,8 @@ Consumer::Consumer(ConsumerOptions options)
   channel_ = Channel::connect(std::move(channel));
   try {
     protocol::Welcome w = channel_->join(options_.timeout);
+    joined_ = w;
+    joined_.ring = {};
     loader_ = w.loader;
     waiting_for_group_ = w.first_epoch < 0;
     if (!waiting_for_group_) {
@@ -328,7 +330,7 @@ std::optional<Batch> Consumer::next() {
       }
       return hand_out(std::move(b));
     }
-    protocol::Message m = channel_->take();
+    protocol::Message m = channel_->take([this](double waited) { say_what_it_waits_for(waited); });
     if (auto* a = std::get_if<protocol::Announcement>(&m)) {
       if (a->epoch != epoch_) {
         channel_->release_now(a->seq);  // not ours
@@ -413,6 +415,31 @@ at::Tensor Consumer::private_copy(const at::Tensor& view) const {
     return out;
   }
   return view.clone(at::MemoryFormat::Contiguous);
+}
+
+// A consumer whose first epoch has not begun a second after it asked for it
+// says once, at INFO, what it waits for: the producer waiting for more
+// consumers (min_consumers), the next epoch (it joined mid-epoch), or the
+// first batch (a loader starting up).
+void Consumer::say_what_it_waits_for(double waited) {
+  if (told_waiting_ || waited < 1.0 || mid_epoch_ || epoch_ != first_epoch_ || !options_.reporter) return;
+  told_waiting_ = true;
+  const std::string who = "consumer of '" + options_.name + "'";
+  std::string text;
+  if (joined_.consumers_wanted > joined_.consumers_present) {
+    text = who + " waits for the producer to begin: it waits for " + std::to_string(joined_.consumers_wanted) +
+           " consumers before it loads anything (min_consumers), and " + std::to_string(joined_.consumers_present) +
+           (joined_.consumers_present == 1 ? " was" : " were") + " present when this one joined";
+  } else if (joined_.producer_epoch >= 0 && epoch_ > joined_.producer_epoch) {
+    text = who + " waits for epoch " + std::to_string(epoch_) + " to begin: it joined while the producer served epoch " +
+           std::to_string(joined_.producer_epoch) + ", and a consumer joining mid-epoch starts at the next one" +
+           (options_.catch_up ? " (that epoch's first batches were no longer retained to catch up on)"
+                              : " (late_join='catch_up' takes the current epoch while its first batches are retained)");
+  } else {
+    text = who + " waits for the first batch of epoch " + std::to_string(epoch_) +
+           " (the producer's loader is starting, or slow; `batchcast status " + options_.name + "` shows it)";
+  }
+  options_.reporter(Report{Report::Level::Info, {}, text});
 }
 
 // Ring slots this process references for batches it keeps: every slot held

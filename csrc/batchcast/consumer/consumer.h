@@ -235,6 +235,9 @@ class Consumer {
     int64_t epoch, batches;
   };
   std::optional<Left> left_;
+  protocol::Welcome joined_;     // what the producer was doing when this consumer joined
+  bool told_waiting_ = false;    // said once what its first epoch waits for
+  void say_what_it_waits_for(double waited);
   uint64_t id_ = 0;
   int64_t samples_per_epoch_ = -1;
   int64_t loader_batches_per_epoch_ = -1;

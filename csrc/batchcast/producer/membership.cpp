@@ -259,6 +259,10 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.resume = start.resume;
   w.resume_position = start.position;
   w.loader = options_.loader;
+  constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
+  w.producer_epoch = delivered_epoch_;
+  w.consumers_wanted = static_cast<int32_t>(std::min(awaiting_, kMost));
+  w.consumers_present = static_cast<int32_t>(std::min(active(), kMost));
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
   if (group == 0) {

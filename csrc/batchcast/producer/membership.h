@@ -142,6 +142,10 @@ class Membership {
   // Consumers that have not said goodbye; a complete group counts once, a
   // forming one not at all.
   int64_t active() const;
+  // The producer waits for `count` consumers before it begins (0: no more):
+  // newcomers are told, to say what they wait for.
+  void set_awaiting(int64_t count) { awaiting_ = count; }
+  int64_t awaiting() const { return awaiting_; }
   // Processes that may still map the ring (GPU: it may be freed only after
   // each of them has unmapped it or exited).
   std::vector<int64_t> ring_importers() const;
@@ -227,6 +231,7 @@ class Membership {
   std::map<uint64_t, Group> groups_;        // forming or complete; a broken group leaves
   uint64_t next_group_ = 1;
   int64_t next_joinable_epoch_ = 0;
+  int64_t awaiting_ = 0;
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
   std::optional<Clock::time_point> last_sweep_;

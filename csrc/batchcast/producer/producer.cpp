@@ -278,8 +278,16 @@ std::exception_ptr Producer::await_consumers(const std::function<std::vector<int
 
 bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
-  bool ready = wait(lock, members_, timeout_seconds,
-                    [&] { return stopping() || membership_.active() >= count; });
+  membership_.set_awaiting(count);  // newcomers hear why they wait
+  bool ready = false;
+  try {
+    ready = wait(lock, members_, timeout_seconds,
+                 [&] { return stopping() || membership_.active() >= count; });
+  } catch (...) {
+    membership_.set_awaiting(0);
+    throw;
+  }
+  membership_.set_awaiting(0);
   rethrow_io_error();
   if (stopping()) throw Stopped("producer stopped");
   return ready;
@@ -561,6 +569,9 @@ ProducerStats Producer::stats() const {
   } else if (last_publish_end_) {
     s.waiting_for = "loader";
     s.waiting_seconds = seconds_since(*last_publish_end_);
+  } else if (membership_.awaiting() > 0) {
+    s.waiting_for = "joins";
+    s.consumers_wanted = membership_.awaiting();
   }
   s.epoch = epoch_;
   s.epochs_done = epochs_done_;

@@ -88,10 +88,12 @@ struct ProducerStats {
   double publish_seconds = 0;  // copying into the ring and announcing
   double wait_seconds = 0;     // waiting for ring space (the slowest consumer)
   double loader_seconds = 0;   // between publishes within an epoch: waiting for the loader
-  // What the producer waits for right now ("loader", "consumers" or "") and
-  // for how long so far (the counters above grow only when a wait ends).
+  // What the producer waits for right now ("loader", "consumers" for ring
+  // space, "joins" for consumers_wanted consumers before it begins, or "")
+  // and for how long so far (the counters above grow only when a wait ends).
   std::string waiting_for;
   double waiting_seconds = 0;
+  int64_t consumers_wanted = 0;
   int64_t joins = 0;
   int64_t leaves = 0;
   int64_t crashes = 0;
@@ -131,6 +133,7 @@ struct ProducerStats {
     v("loader_seconds", loader_seconds);
     v("waiting_for", waiting_for);
     v("waiting_seconds", waiting_seconds);
+    v("consumers_wanted", consumers_wanted);
     v("joins", joins);
     v("leaves", leaves);
     v("crashes", crashes);

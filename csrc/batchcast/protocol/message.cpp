@@ -239,6 +239,9 @@ void write(Writer& w, const Welcome& m) {
   w.put<uint8_t>(static_cast<uint8_t>(m.resume));
   w.put<int64_t>(m.resume_position);
   w.text(m.loader);
+  w.put<int64_t>(m.producer_epoch);
+  w.put<int32_t>(m.consumers_wanted);
+  w.put<int32_t>(m.consumers_present);
 }
 void read(Reader& r, Welcome& m) {
   m.producer_pid = r.get<int64_t>();
@@ -252,8 +255,12 @@ void read(Reader& r, Welcome& m) {
   m.resume = resume_from(r.get<uint8_t>());
   m.resume_position = r.get<int64_t>();
   m.loader = r.text(kMaxText);
+  m.producer_epoch = r.get<int64_t>();
+  m.consumers_wanted = r.get<int32_t>();
+  m.consumers_present = r.get<int32_t>();
   if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
-      m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0) {
+      m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0 || m.producer_epoch < -1 ||
+      m.consumers_wanted < 0 || m.consumers_present < 0) {
     throw MalformedMessage("bad welcome");
   }
 }

@@ -122,6 +122,13 @@ struct Welcome {
   Resume resume = Resume::None;
   int64_t resume_position = 0;
   std::string loader;              // the producer's description of its loader (for resuming)
+  // What the producer was doing when this consumer joined, for a consumer
+  // that waits to say what for: the epoch it was serving (-1: none), and,
+  // while it waited for consumers before its first epoch, how many it waits
+  // for (0: it did not wait) and how many were present, this one included.
+  int64_t producer_epoch = -1;
+  int32_t consumers_wanted = 0;
+  int32_t consumers_present = 0;
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.

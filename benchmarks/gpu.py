@@ -105,10 +105,12 @@ def role_train(args) -> None:
     torch.manual_seed(0)
     model = small_resnet().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if args.mode == "shared":
+    if args.mode in ("shared", "views"):
         import batchcast as bc
 
-        batches = bc.Consumer(args.name, batch_size=BATCH, timeout=120)
+        # "shared": private copies on the GPU (the default); "views": zero-copy views.
+        batches = bc.Consumer(args.name, batch_size=BATCH, timeout=120,
+                              shared_gpu_views=args.mode == "views")
     elif args.mode == "own":
         batches = make_loader(args, args.samples)
     else:  # resident: a few distinct batches, generated on the device up front; timed longer
@@ -159,7 +161,7 @@ def role_train(args) -> None:
     out = {"samples": (step - args.warmup) * BATCH, "seconds": seconds, "t0": t0, "t1": t1,
            "next_median_us": statistics.median(next_s[args.warmup:]) * 1e6 if len(next_s) > args.warmup else None,
            "data_bytes_per_batch": data_bytes}
-    if args.mode == "shared":
+    if args.mode in ("shared", "views"):
         out["consumer"] = batches.stats()
         batches.close()
     print(json.dumps(out), flush=True)
@@ -169,7 +171,7 @@ def role_overhead(args) -> None:
     """Consumer.__next__ with every batch already in the ring and announced."""
     import batchcast as bc
 
-    consumer = bc.Consumer(args.name, batch_size=BATCH, timeout=60)
+    consumer = bc.Consumer(args.name, batch_size=BATCH, timeout=60, shared_gpu_views=args.mode == "views")
     deadline = time.monotonic() + 60  # the producer fills the ring, then waits (lockstep)
     while consumer.stats()["loader_batches"] < args.slots - 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -230,7 +232,8 @@ def run_once(args, mode: str, n: int) -> dict:
     samples = (args.steps + args.warmup) * BATCH
     base = gpu_used()
     args.barrier = tempfile.mkdtemp(prefix="bc-barrier-")
-    server = spawn(args, "serve", name=name, consumers=n, samples=samples) if mode == "shared" else None
+    server = (spawn(args, "serve", name=name, consumers=n, samples=samples)
+              if mode in ("shared", "views") else None)
     trainers = [spawn(args, "train", name=name, mode=mode, samples=samples) for _ in range(n)]
     everyone = trainers + ([server] if server else [])
     deadline = time.monotonic() + args.run_timeout
@@ -267,10 +270,10 @@ def run_once(args, mode: str, n: int) -> dict:
             "consumers": [r.get("consumer") for r in results]}
 
 
-def overhead(args) -> list[float]:
+def overhead(args, mode: str = "shared") -> list[float]:
     name = "bench-" + uuid.uuid4().hex[:8]
     server = spawn(args, "serve_memory", name=name, slots=args.overhead_slots)
-    consumer = spawn(args, "overhead", name=name, slots=args.overhead_slots)
+    consumer = spawn(args, "overhead", name=name, slots=args.overhead_slots, mode=mode)
     try:
         return last_json(consumer, 180)["overhead_us"]
     finally:
@@ -362,7 +365,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", default="driver")
     ap.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--modes", nargs="+", default=["shared", "own", "resident"])
+    ap.add_argument("--modes", nargs="+", default=["shared", "views", "own", "resident"],
+                    help="shared: batchcast (private copies on the GPU, the default); views: "
+                         "batchcast with shared_gpu_views=True; own: a DataLoader per trainer; "
+                         "resident: data already on the GPU (the bound)")
     ap.add_argument("--steps", type=int, default=60, help="timed training steps per trainer")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps (more than the ring holds)")
     ap.add_argument("--run-timeout", type=float, default=240, help="seconds one configuration may take")
@@ -420,8 +426,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save(over=None, pcpu=None) -> None:
+    def save(over=None, pcpu=None, over_views=None) -> None:
         out.write_text(json.dumps({"env": env, "table": table, "overhead_us": over,
+                                   "overhead_views_us": over_views,
                                    "producer_cpu_us": pcpu, "errors": errors}, indent=1))
 
     for n in args.consumers:
@@ -440,39 +447,43 @@ def main() -> None:
                 print(f"  {mode:8s} N={n}: {statistics.median(rates):8.0f} samples/s "
                       f"[{min(rates):.0f}, {max(rates):.0f}]", flush=True)
             save()
+    over, over_views = [], []
     try:
-        over = overhead(args)
+        over = overhead(args, "shared")
+        over_views = overhead(args, "views")
     except Exception as exc:
         errors.append(f"overhead: {exc}")
-        over = []
-    save(over)
+    save(over, None, over_views)
     pcpu = None
     if args.device != "cpu":
         try:
             pcpu = producer_cpu(args)
         except Exception as exc:
             errors.append(f"producer cpu: {exc}")
-        save(over, pcpu)
+        save(over, pcpu, over_views)
 
     mib = 1 << 20
     print(f"\nSamples/s, aggregate over N trainers (median [min, max] of {args.repeats}); "
           f"all loading on cores {args.loader_cpus}")
-    print(f"{'N':>3} | {'batchcast shared':>22} | {'own DataLoaders':>22} | {'resident (bound)':>22} | "
-          f"{'shared/own':>10} | {'data MiB: ring / batch x N':>26}")
+    print(f"{'N':>3} | {'batchcast (copies)':>22} | {'batchcast (views)':>22} | {'own DataLoaders':>22} | "
+          f"{'resident (bound)':>22} | {'shared/own':>10} | {'data MiB: ring / batch x N':>26}")
     for n in args.consumers:
         cells = []
-        for mode in ("shared", "own", "resident"):
+        for mode in ("shared", "views", "own", "resident"):
             t = table.get(f"{mode}/{n}")
             cells.append(f"{t['median']:8.0f} [{t['min']:.0f}, {t['max']:.0f}]" if t else "-")
         s, o = table.get(f"shared/{n}"), table.get(f"own/{n}")
         ratio = f"{s['median'] / o['median']:.2f}x" if s and o else "-"
         mem = (f"{s['runs'][0]['data_gpu_bytes'] / mib:.1f} / {o['runs'][0]['data_gpu_bytes'] / mib:.1f}"
                if s and o else "-")
-        print(f"{n:>3} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>22} | {ratio:>10} | {mem:>26}")
-    if over:
-        q = lambda p: over[min(len(over) - 1, int(p * len(over)))]  # noqa: E731
-        print(f"\nConsumer overhead per batch (next() with the batch already announced, "
-              f"n={len(over)}): median {statistics.median(over):.1f} us [p10 {q(0.1):.1f}, p90 {q(0.9):.1f}]")
+        print(f"{n:>3} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>22} | {cells[3]:>22} | {ratio:>10} | "
+              f"{mem:>26}")
+    for label, times in (("private copies (the default)", over), ("shared_gpu_views=True", over_views)):
+        if times:
+            q = lambda p: times[min(len(times) - 1, int(p * len(times)))]  # noqa: E731
+            print(f"\nConsumer overhead per batch, {label} (next() with the batch already announced, "
+                  f"n={len(times)}): median {statistics.median(times):.1f} us [p10 {q(0.1):.1f}, "
+                  f"p90 {q(0.9):.1f}]")
     if pcpu:
         print(f"\nProducer CPU per {BATCH}x3x{SIZE}x{SIZE} float32 batch into the GPU ring "
               "(process CPU, no consumer waiting): "

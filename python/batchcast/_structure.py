@@ -51,7 +51,13 @@ def _batch_size(obj: Any) -> int | None:
     return first_list
 
 
-def flatten(batch: Any, previous: list[Any] | None = None) -> tuple[list[Leaf], str, int, list[Any]]:
+def flatten(batch: Any) -> tuple[list[Leaf], str, int]:
+    """Returns (leaves, layout, samples) for one loader batch."""
+    leaves, layout, samples, _ = flatten_after(batch, None)
+    return leaves, layout, samples
+
+
+def flatten_after(batch: Any, previous: list[Any] | None) -> tuple[list[Leaf], str, int, list[Any]]:
     """Returns (leaves, layout, samples, tree) for one loader batch. `previous`
     is the tree of the batch before it: a dict with the same keys in another
     order is laid out in the previous order, so that it is the same structure

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, cast
 from ._core import _C
 from ._device import parse_device
 from ._in_ring import Leaser
-from ._structure import flatten
+from ._structure import flatten_after
 
 _log = logging.getLogger("batchcast")
 # Producers serving from a background thread (start()), stopped before the
@@ -204,7 +204,7 @@ class Producer:
                 if leaser is not None:
                     batch, lease = leaser.unpack(batch)
                 try:
-                    leaves, layout, samples, self._tree = flatten(batch, self._tree)
+                    leaves, layout, samples, self._tree = flatten_after(batch, self._tree)
                     core.publish(leaves, layout, samples, lease)
                 except (TypeError, ValueError) as exc:  # a batch it cannot share
                     raise _CannotShare(f"loader batch {batches}: {exc}") from exc

@@ -307,7 +307,7 @@ def test_consumers_keeping_every_batch_never_stall_the_others(procs, name, keepe
     procs.wait_all(timeout=120)
     every = list(range(400))
     stats = json.loads(procs.out(p).strip().splitlines()[-1])
-    assert stats["ring_bytes"] < 10 * 10 * 6144 + 2 * 4096  # 9 batches: each slot reused 13+ times
+    assert stats["ring_bytes"] * 3 < stats["bytes_published"]  # each part of the ring reused 3+ times
     assert stats["evictions"] == 0
     for i, k in enumerate(kept):
         r = procs.result(f"k{i}.json")

@@ -46,6 +46,9 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   const double flow_share =
       static_cast<double>(options_.slots + 1) * scale / (static_cast<double>(slots) * growth);
   LaneAllocator lanes(capacities, flow_share);
+  for (std::size_t i = 0; i < largest_.size(); ++i) {  // lanes are whole pages: room for a little more
+    largest_[i] = std::max(largest_[i], lanes.lane_capacity(i) / slots);
+  }
   // Twice as many events as slots: smaller later batches can put more in flight.
   const int events = events_per_slot() * static_cast<int>(2 * slots);
   allocate_memory(std::max<uint64_t>(lanes.total_bytes(), 1), events);  // fills description_
@@ -93,16 +96,25 @@ void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) co
   const double growth = static_cast<double>(largest_[lane]) / static_cast<double>(std::max<uint64_t>(first_bytes_[lane], 1));
   const double want = std::ceil(worst * 1.25);  // some room beyond this batch
   const uint64_t slots = 2 * static_cast<uint64_t>(options_.slots) + 1;
-  const uint64_t ring_bytes = static_cast<uint64_t>(static_cast<double>(total * slots) * want);
+  uint64_t ring_bytes = static_cast<uint64_t>(static_cast<double>(total * slots) * want);
+  if (total == 0) {  // the first batch was empty: size the ring from this one
+    for (uint64_t b : bytes) ring_bytes += b * slots * 2;
+  }
   char ratio_text[64];
   std::snprintf(ratio_text, sizeof ratio_text, "%.1fx", worst);
   char growth_text[64];
   std::snprintf(growth_text, sizeof growth_text, "%.1fx", growth);
+  const std::string pass = "Pass ring_bytes=" + std::to_string(ring_bytes) + " (batchcast serve --ring-bytes " +
+                           std::to_string(ring_bytes) + ")";
+  if (first_bytes_[lane] == 0) {
+    throw InvalidArgument("its tensor " + std::to_string(lane) + shape + " holds " + mib(bytes[lane]) +
+                          ", but the ring was sized from the first batch, in which that tensor was empty. " + pass +
+                          ", or do not begin with an empty batch");
+  }
   throw InvalidArgument(
       "its tensor " + std::to_string(lane) + shape + " holds " + mib(bytes[lane]) + ", " + ratio_text +
       " that tensor of the first batch (" + mib(first_bytes_[lane]) + "), and the ring, sized from the first "
-      "batch, takes batches up to " + growth_text + " it. Pass ring_bytes=" + std::to_string(ring_bytes) +
-      " (batchcast serve --ring-bytes " + std::to_string(ring_bytes) + ") for batches up to " +
+      "batch, takes batches up to " + growth_text + " it. " + pass + " for batches up to " +
       std::to_string(static_cast<int64_t>(want)) + "x the first, or make the first batch the largest "
       "(sort by length, or pad to a fixed size)");
 }

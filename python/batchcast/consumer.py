@@ -50,6 +50,8 @@ def _name_the_line_that_writes() -> None:
     if faulthandler.is_enabled():
         return
     for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
         try:
             faulthandler.enable(file=stream, all_threads=False)
             return

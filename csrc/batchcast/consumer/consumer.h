@@ -11,6 +11,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
+#include <utility>
+#include <mutex>
 
 #include <c10/core/Device.h>
 
@@ -23,6 +26,22 @@
 namespace batchcast {
 
 class Channel;
+
+// Host memory for private copies of batches, reused: a copy freed by the
+// trainer gives its memory back for the next one of the same size, whose
+// pages are then already faulted in. Keeps a few; shared with the copies'
+// deleters, so it outlives the consumer while they live.
+class CopyMemory {
+ public:
+  ~CopyMemory();
+  void* take(std::size_t bytes);
+  void give_back(void* memory, std::size_t bytes) noexcept;
+
+ private:
+  static constexpr std::size_t kKept = 4;
+  std::mutex mu_;
+  std::vector<std::pair<void*, std::size_t>> free_;
+};
 
 // Where a consumer wants its batches.
 enum class Placement {
@@ -212,6 +231,7 @@ class Consumer {
   int64_t transfers_ = 0;
   int64_t private_copies_ = 0;
   bool copy_out_ = false;           // batches are handed out as private copies
+  std::shared_ptr<CopyMemory> copy_memory_ = std::make_shared<CopyMemory>();
   int64_t batch_copies_ = 0;
   int32_t pin_budget_ = 0;
   bool warned_keeping_ = false;

@@ -31,6 +31,12 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
 
+def batch_size(obj: Any) -> int | None:
+    """The samples in a loader batch (None: it has no tensor with a batch
+    dimension nor a per-sample list)."""
+    return _batch_size(obj)
+
+
 def _batch_size(obj: Any) -> int | None:
     """Dim 0 of the first tensor with one, else the length of the first plain list."""
     stack = [obj]

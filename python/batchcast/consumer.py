@@ -87,6 +87,64 @@ def _group_of(group: str | None, rank: int | None, world_size: int | None,
     return group, rank, world_size
 
 
+class EpochSamples:
+    """A consumer's epoch as a DataLoader's dataset or sampler looks: its
+    length, nothing to index (the samples are the producer's)."""
+
+    def __init__(self, consumer: "Consumer", share: bool = False) -> None:
+        self._consumer = consumer
+        self._share = share  # a group's rank: its part of the epoch (as a DistributedSampler's)
+
+    def __len__(self) -> int:
+        c = self._consumer
+        n = c._live().samples_per_epoch
+        if n < 0:
+            raise TypeError(
+                f"the samples per epoch of consumer '{c.name}' are unknown until the "
+                "producer's first epoch ends; pass samples_per_epoch= to the Producer "
+                "(batchcast serve --samples-per-epoch N)")
+        if self._share and c.world_size and c.batch_size:
+            window = c.world_size * c.batch_size
+            rest = n - n // window * window
+            return n // window * c.batch_size + (-(-rest // c.world_size) if rest and not c.drop_last else 0)
+        return int(n)
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            f"consumer '{self._consumer.name}' has no samples to index: they are loaded by its "
+            "producer and arrive in batches (iterate the consumer)")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError(
+            f"consumer '{self._consumer.name}' has no sampler to iterate: the producer's loader "
+            "orders the samples (iterate the consumer for its batches)")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted and ignored, as the producer's loader orders each epoch."""
+
+    def __repr__(self) -> str:
+        return f"<batchcast epoch of consumer {self._consumer.name!r}>"
+
+
+class EpochBatches(EpochSamples):
+    """A consumer's epoch as a DataLoader's batch_sampler looks."""
+
+    def __len__(self) -> int:
+        return len(self._consumer)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._consumer.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._consumer.drop_last
+
+    @property
+    def sampler(self) -> EpochSamples:
+        return EpochSamples(self._consumer, share=True)
+
+
 class Consumer:
     """Iterate it like a DataLoader: each ``iter()`` is one epoch.
 
@@ -271,9 +329,44 @@ class Consumer:
         if n < 0:
             raise TypeError(
                 f"the length of consumer '{self.name}' is unknown until the producer's first "
-                "epoch ends (its loader has no length); pass samples_per_epoch= to the Producer"
+                "epoch ends (its loader does not say how many samples an epoch has); pass "
+                "samples_per_epoch= to the Producer (batchcast serve --samples-per-epoch N)"
             )
         return n
+
+    # ---- what training code reads of a DataLoader ---------------------------
+    # Frameworks and scripts read these of the loader they are given; each
+    # holds what is true of this consumer (its batches come ready from the
+    # producer: no workers, no collate, no pinning in this process).
+    num_workers = 0
+    collate_fn = None
+    pin_memory = False
+    pin_memory_device = ""
+    generator = None
+    persistent_workers = False
+    prefetch_factor = None
+    worker_init_fn = None
+    multiprocessing_context = None
+
+    @property
+    def dataset(self) -> "EpochSamples":
+        """The samples of one epoch as this consumer sees them: ``len()`` is the
+        samples per epoch (what a DataLoader's ``len(loader.dataset)`` is);
+        the samples themselves live in the producer, so indexing is a TypeError."""
+        return EpochSamples(self)
+
+    @property
+    def sampler(self) -> "EpochSamples":
+        """Sized like the samples this consumer gets per epoch (a group's rank:
+        its part, as a DistributedSampler's length is); ``set_epoch()`` (as
+        DDP scripts call) is accepted and does nothing: the producer's loader
+        orders the samples."""
+        return EpochSamples(self, share=True)
+
+    @property
+    def batch_sampler(self) -> "EpochBatches":
+        """Sized like the epoch's batches, with this consumer's batch_size and drop_last."""
+        return EpochBatches(self)
 
     def __bool__(self) -> bool:
         # Always true, as an object: `if loader:` must not ask for a length

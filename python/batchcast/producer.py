@@ -19,6 +19,40 @@ _log = logging.getLogger("batchcast")
 # interpreter exits: a daemon thread still running the loader when it does
 # is ended mid-call (torch's own calls among them abort the process then).
 _serving: "weakref.WeakSet[Producer]" = weakref.WeakSet()
+# Open producers of this process by (runtime directory, name): an interactive
+# session that runs the cell making a producer again replaces its own old one.
+_open: "dict[tuple[str, str], weakref.ref[Producer]]" = {}
+
+
+def _interactive() -> bool:
+    """A notebook, IPython or the Python prompt (where cells are run again)."""
+    import sys
+
+    return "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
+
+
+def _make_way(name: str, runtime_dir: str | None) -> tuple[str, str]:
+    """The key of a producer of `name`; an open producer of that name in this
+    process is stopped first in an interactive session (a cell run again),
+    else refused with what to run."""
+    import os
+
+    key = (runtime_dir or os.environ.get("BATCHCAST_RUNTIME_DIR", ""), name)
+    old = _open.get(key)
+    producer = old() if old is not None else None
+    if producer is None or producer._core is None:
+        return key
+    if not _interactive():
+        raise _C.NameInUse(
+            f"a batchcast producer named '{name}' is already running in this process (pid "
+            f"{os.getpid()}); stop it first (producer.stop()), or give this one another name")
+    _log.warning("producer '%s' replaces the one of that name this process started before "
+                 "(it is stopped: its consumers get ProducerLost)", name)
+    try:
+        producer.stop(timeout=10.0)
+    except Exception as exc:  # its loader's error: nobody is left to raise it to
+        _log.warning("the replaced producer '%s' had failed: %s: %s", name, type(exc).__name__, exc)
+    return key
 
 
 @atexit.register
@@ -36,7 +70,9 @@ class _CannotShare(Exception):
 
 
 def _samples_per_epoch(loader: Any) -> int:
-    """Samples a DataLoader yields per epoch, or -1 when it cannot tell in advance."""
+    """Samples the loader yields per epoch, or -1 when it cannot tell in
+    advance: a DataLoader's from its batch sampler; a list or tuple of
+    batches' by looking at each (they are made already)."""
     batch_sampler = getattr(loader, "batch_sampler", None)
     try:
         if batch_sampler is not None:
@@ -45,6 +81,12 @@ def _samples_per_epoch(loader: Any) -> int:
             return n // size * size if batch_sampler.drop_last else n
     except (AttributeError, TypeError, NotImplementedError):
         pass
+    if isinstance(loader, (list, tuple)):
+        from ._structure import batch_size
+
+        sizes = [batch_size(b) for b in loader]
+        if all(s is not None for s in sizes):
+            return sum(s for s in sizes if s is not None)
     return -1
 
 
@@ -121,6 +163,7 @@ class Producer:
         linger: float = 30.0,
     ) -> None:
         kind, cuda_device = parse_device(device, "device")
+        key = _make_way(name, runtime_dir) if isinstance(name, str) else None
         if epochs is not None and (not isinstance(epochs, int) or epochs < 0):
             raise ValueError(f"epochs must be None (serve until stopped) or an int >= 0, not {epochs!r}")
         if not isinstance(min_consumers, int) or min_consumers < 1:
@@ -155,6 +198,8 @@ class Producer:
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._leaser = Leaser(loader, self._core, in_flight) if in_place else None
+        if key is not None:
+            _open[key] = weakref.ref(self)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, Any] | None = None
@@ -258,6 +303,25 @@ class Producer:
         self._thread.start()
         _serving.add(self)
         return self
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits until a producer serving from ``start()`` (or ``with``) has
+        served every epoch, then closes it and raises what its loader raised,
+        as ``run()`` would. False if ``timeout`` seconds passed first (it goes
+        on serving). Ctrl-C interrupts the wait, not the producer."""
+        thread = self._thread
+        if thread is None:
+            if self._core is not None:
+                raise RuntimeError(f"producer '{self.name}' was not started: run() serves in this "
+                                   "thread, start() in the background")
+            return True  # served, stopped or closed already
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self.stop()
+        return True
+
+    wait = join
 
     def _check_open(self) -> None:
         if self._core is None:

@@ -140,8 +140,11 @@ def consume(args: argparse.Namespace) -> None:
         # memory_allocated() counts anything torch allocates for a batch here.
         torch.cuda.set_device(device)
         torch.cuda.init()
+    # Views of the ring (shared_gpu_views=True): what these tests look at; the
+    # default private copies have their own tests (test_gpu_rules.py).
     consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
-                           timeout=args.timeout, device=args.device or None)
+                           timeout=args.timeout, device=args.device or None,
+                           shared_gpu_views=args.views == "shared")
     result = {"epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "tensors": 0, "tensors_in_ring": 0, "batches_all_in_ring": [],
               "outside_ring": None, "rings": [], "allocated_during": [],
@@ -227,6 +230,8 @@ def main() -> None:
     parser.add_argument("--held-after", type=int, default=0)
     parser.add_argument("--held", default="", help="with --keep: file to create once --held-after batches are kept")
     parser.add_argument("--wait-for", default="", help="with --keep: file to wait for before checking kept batches")
+    parser.add_argument("--views", choices=["shared", "copy"], default="shared",
+                        help="consumer: shared_gpu_views=True (views of the ring), or private copies")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     if args.role == "produce":

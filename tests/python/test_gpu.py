@@ -151,6 +151,26 @@ def test_three_consumers_get_views_inside_the_imported_ring_exactly_once(gpu, na
     assert set(r["allocated_during"]) == {0} and r["max_memory_allocated"] == 0, r["allocated_during"]
 
 
+def test_by_default_gpu_batches_are_private_copies_on_the_gpu(gpu, name):
+    # CUDA IPC maps the ring writable in every consumer: by default each batch
+    # is copied (device to device, on the current stream) into torch's memory,
+    # so an in-place op cannot reach another trainer.
+    n = 640
+    gpu.start("produce", name, "--samples", n, "--loader-batch", 32, "--epochs", 1)
+    gpu.start("consume", name, "--batch-size", 48, "--epochs", 1, "--check-values", "--views", "copy",
+              out="c.json")
+    gpu.wait_all()
+    r = gpu.result("c.json")
+    assert r["error"] is None, r["error"]
+    assert r["epochs"] == [list(range(n))]
+    s = r["stats"]
+    assert s["device"] == "cuda:0" and s["transfer"] == "view" and s["ipc_memory_opens"] == 1, s
+    # Nothing handed out lies in the ring: views were copied (counted), the
+    # rest were joins across a wrap of the ring (copies anyway).
+    assert r["tensors_in_ring"] == 0 and 0 < s["batch_copies"] <= math.ceil(n / 48), (s, r["outside_ring"])
+    assert max(r["allocated_during"]) > 0  # the copies are torch's memory
+
+
 def test_pinned_loader_batches_are_copied_straight_into_the_ring_and_stay_intact(gpu, name):
     # pin_memory=True: the producer copies the loader's pinned tensors straight
     # into the ring (no staging) and keeps each alive until its copy is done.

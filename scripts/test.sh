@@ -19,8 +19,14 @@ if ! dpkg -s clang libclang-rt-dev >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev >/dev/null
 fi
 
-# What the examples' tests need (the notebook, the Optuna sweep, tqdm).
-$PY -m pip install -q nbclient nbformat ipykernel jupyter_client optuna tqdm
+# What the examples' tests need (the notebook, the Optuna sweep, tqdm, the
+# Lightning and Accelerate examples), with the installed torch pinned so that
+# nothing pulls another.
+pin=$(mktemp)
+echo "torch==$($PY -c 'import torch; print(torch.__version__.split("+")[0])')" > "$pin"
+PIP_CONSTRAINT="$pin" $PY -m pip install -q nbclient nbformat ipykernel jupyter_client optuna tqdm \
+  lightning accelerate
+rm -f "$pin"
 
 echo "== C++ tests"
 ctest --test-dir build/py --output-on-failure

@@ -129,3 +129,22 @@ def test_a_cell_run_again_replaces_its_producer_and_a_script_is_told_what_to_run
     with bc.Consumer(name, batch_size=10, timeout=10) as c:
         assert sum(len(x[0]) for x in c) == 50
     assert second.join(30)
+
+
+def test_a_one_cycle_schedule_sized_from_len_takes_exactly_its_steps(runtime_dir, name):
+    epochs = 3
+    with bc.Producer(id_loader(50, 8), name, epochs=epochs):
+        with bc.Consumer(name, batch_size=7, timeout=10) as loader:
+            model = torch.nn.Linear(1, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=epochs * len(loader))
+            seen = []
+            for _ in range(epochs):
+                ids = []
+                for (x,) in loader:
+                    opt.step()
+                    sched.step()  # one step too many would raise ValueError
+                    ids += x.tolist()
+                seen.append(ids)
+    assert seen == [list(range(50))] * epochs
+    assert sched.last_epoch == epochs * math.ceil(50 / 7)

@@ -448,3 +448,25 @@ def test_sweep_ray_tune_on_a_local_multi_node_cluster(runtime_dir, tmp_path):
     assert len(shared_nodes) == 2, out  # the trials ran on both nodes
     assert re.search(r"saved by sharing\s*: wall\s+-?[0-9.]+ s .* CPU\s+-?[0-9.]+ s", out), out
     assert os.listdir(runtime_dir) == []  # every node's producer ended and left nothing
+
+
+def check_framework_output(out: str, samples: int) -> None:
+    assert "one producer, 2 consumers joined (one per trial)" in out, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*(32|48)\s", line)]
+    assert len(rows) == 2 and all(row[-1] == "True" for row in rows), out
+    assert f"epochs of {samples} samples" in out, out
+
+
+def test_lightning_sweep(runtime_dir, tmp_path):
+    pytest.importorskip("lightning", reason="needs lightning (pip install lightning, torch pinned)")
+    out = run_script(tmp_path, [str(EXAMPLES / "lightning_sweep.py"), "--samples", "256", "--epochs", "2"])
+    check_framework_output(out, 256)
+    assert os.listdir(runtime_dir) == []
+
+
+def test_accelerate_sweep(runtime_dir, tmp_path):
+    pytest.importorskip("accelerate", reason="needs accelerate (pip install accelerate, torch pinned)")
+    out = run_script(tmp_path, [str(EXAMPLES / "accelerate_sweep.py"), "--samples", "256", "--epochs", "2",
+                                "--accumulate", "3"])
+    check_framework_output(out, 256)
+    assert os.listdir(runtime_dir) == []

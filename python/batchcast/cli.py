@@ -289,8 +289,12 @@ class _Live:
                              f"{_rate(delta('samples_published') / dt)} samples/s")
             if consumers and counted.loading and not delta("batches_published"):
                 # The counters move when a wait ends; say what it is now.
-                waiting = "the consumers (ring full)" if counted.total > published else \
-                    "the loader"
+                waiting = "the loader"
+                if counted.total > published:
+                    waiting = "the consumers (ring full)"
+                    behind = [c for c in consumers if c.get("holding_up")]
+                    if behind:
+                        waiting = f"consumer pid {behind[0].get('pid')} (ring full)"
                 idle = _duration(now - self.last_progress)
                 shares = f"no batch for {idle}: waiting for {waiting}"
             elif consumers or published:
@@ -317,9 +321,22 @@ class _Live:
 
 
 def _epoch_label(counted: _Counted, epochs: int | None) -> str:
+    """Epochs are numbered from 0, as consumers, errors and `status` number them."""
     if counted.epoch < 0:
         return "epoch -"
-    return f"epoch {counted.epoch + 1}" + (f"/{epochs}" if epochs is not None else "")
+    return f"epoch {counted.epoch}" + (f" of 0-{epochs - 1}" if epochs is not None else "")
+
+
+def _fit(parts: list[str], width: int) -> str:
+    """The parts of a status line, joined, as many as fit `width` (whole parts:
+    no word is cut)."""
+    line = ""
+    for part in parts:
+        candidate = f"{line} | {part}" if line else part
+        if len(candidate) > width and line:
+            break
+        line = candidate
+    return line
 
 
 def _progress_text(counted: _Counted, epochs: int | None) -> str:
@@ -376,7 +393,8 @@ class _Screen:
         from rich.console import Group
         from rich.text import Text
 
-        return Group(self._progress, Text(status, no_wrap=True, overflow="ellipsis"))
+        # Whole parts of the status, as many as the terminal's width takes.
+        return Group(self._progress, Text(_fit(status.split(" | "), self.console.width)))
 
     def _guarded(self, draw: Callable[[], None]) -> None:
         with self._lock:
@@ -634,6 +652,26 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _consumer_now(c: dict[str, Any], status: dict[str, Any]) -> str:
+    """What a consumer's trainer is most likely doing, as the producer sees it:
+    computing (it has batches it has not taken: the producer waits for it if
+    the ring is full), or waiting for batches (it took everything it was
+    sent): for the loader, or for the ring, which a slower consumer fills."""
+    if c.get("waiting_for_group"):
+        return "waiting for its group"
+    if c.get("leaving"):
+        return "leaving"
+    if c.get("holding_up"):
+        return "computing; the producer waits for it"
+    if int(c.get("lag", 0)) > 0:
+        return "computing"
+    if status.get("waiting_for") == "consumers":
+        return "waiting: ring full (a slower consumer)"
+    if status.get("waiting_for") == "joins":
+        return "waiting: other consumers to join"
+    return "waiting: the loader"
+
+
 def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
     """A producer's status: its lines, then its consumers' table (a rich
     renderable; None without consumers)."""
@@ -674,9 +712,16 @@ def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
               if status.get(k, 0)]
     consumers = status.get("consumers", [])
     lines.append(f"  consumers: {len(consumers)}" + (f" ({', '.join(events)})" if events else ""))
-    if status.get("waiting_for") == "joins":
+    waiting, since = status.get("waiting_for"), float(status.get("waiting_seconds", 0))
+    if waiting == "joins":
         lines.append(f"  waiting for {status.get('consumers_wanted')} consumers to join before "
                      f"loading (min_consumers; {len(consumers)} present)")
+    elif waiting == "consumers":
+        behind = [c for c in consumers if c.get("holding_up")]
+        who = f"consumer pid {behind[0].get('pid')}" if behind else "the consumers"
+        lines.append(f"  now: waiting {_duration(since)} for {who} to free ring space")
+    elif waiting == "loader":
+        lines.append(f"  now: waiting {_duration(since)} for the loader's next batch")
     if not consumers:
         return lines, None
     from rich.padding import Padding
@@ -684,7 +729,7 @@ def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for header in ("pid", "batch", "first epoch", "batches sent", "lag", "slots held/kept",
-                   "stalled"):
+                   "stalled", "now"):
         table.add_column(header, justify="right", no_wrap=True)
     for c in consumers:
         table.add_row(
@@ -695,6 +740,7 @@ def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
             str(c.get("lag")),
             f"{c.get('slots_held', 0)}/{c.get('slots_pinned', 0)}",
             _share(float(c.get("stall_seconds", 0)), uptime),
+            _consumer_now(c, status),
         )
     return lines, Padding(table, (0, 0, 0, 4), expand=False)
 

@@ -240,7 +240,7 @@ def test_ctrl_c_on_a_terminal_stops_cleanly(cli, procs, loaders, runtime_dir):
         eventually(lambda: b"batches/s" in screen and b"1 consumer, slowest lag" in screen,
                    "the live status on the terminal", 60)
         assert b"\r" in screen and b"\x1b[" in screen  # redrawn, not appended
-        assert b"epoch 1" in screen
+        assert b"epoch 0" in screen  # from 0, as `status` and the consumers number them
         serve.send_signal(signal.SIGINT)
         assert cli.finish(serve) == 0
         procs.wait_all()
@@ -282,11 +282,21 @@ def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
     screen.close()
     lines = out.getvalue().splitlines()
     assert lines[0] == "consumer pid 7 [joined] 1.5", lines
-    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 1/2: 3/10 batches \| 3\.0 batches/s \| "
+    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 0 of 0-1: 3/10 batches \| 3\.0 batches/s \| "
                         r"1 consumer, slowest lag 2 \(pid 7\)", lines[1]), lines
-    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 1/2: 4/10 batches \| \[bold\]4\.0\[/\] "
+    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 0 of 0-1: 4/10 batches \| \[bold\]4\.0\[/\] "
                         r"batches/s", lines[2]), lines
     assert len(lines) == 3 and "\x1b" not in out.getvalue()
+
+
+def test_the_live_status_fits_the_terminal_in_whole_parts():
+    from batchcast.cli import _fit
+
+    parts = ["12.0 batches/s, 384 samples/s", "3 consumers, slowest lag 4 (pid 77)",
+             "waiting for loader 80%, for consumers 10%, copying 5%"]
+    assert _fit(parts, 200) == " | ".join(parts)
+    assert _fit(parts, 70) == " | ".join(parts[:2])
+    assert _fit(parts, 10) == parts[0]  # the first part always, even where it does not fit
 
 
 def test_status_reports_and_removes_what_a_killed_serve_left(cli, loaders, runtime_dir):

@@ -470,3 +470,31 @@ def test_accelerate_sweep(runtime_dir, tmp_path):
                                 "--accumulate", "3"])
     check_framework_output(out, 256)
     assert os.listdir(runtime_dir) == []
+
+
+def test_the_readme_quick_start_runs_as_pasted(runtime_dir, tmp_path):
+    """The README's producer and two trainers, saved and run as it says."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A producer and two trainers", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    files = {}
+    for lang, code in blocks:
+        if lang == "python":
+            filename = re.match(r"# (\S+\.py)", code).group(1)
+            files[filename] = code
+            (tmp_path / filename).write_text(code)
+    (command,) = [code.strip() for lang, code in blocks if lang == "bash"]
+    assert sorted(files) == ["serve.py", "train.py"], files
+    # `python` is this interpreter, whatever else the PATH holds.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("batch "))
+    assert [line.split(",")[:2] for line in lines] == [
+        ["batch 100: epoch 0", " 1000 samples"], ["batch 100: epoch 1", " 1000 samples"],
+        ["batch 32: epoch 0", " 1000 samples"], ["batch 32: epoch 1", " 1000 samples"]], proc.stdout
+    assert os.listdir(runtime_dir) == []

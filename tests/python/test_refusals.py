@@ -6,6 +6,7 @@ absurd sizes. (A producer on a background thread, consumers in this process.)"""
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -379,3 +380,42 @@ def test_a_late_joiner_says_it_waits_for_the_next_epoch(runtime_dir, name, caplo
         assert got == [list(range(12))]
         first.close()
         late.close()
+
+
+def test_status_says_live_whom_the_producer_waits_for_and_what_each_trainer_does(runtime_dir, name):
+    from batchcast.cli import _consumer_now, _status_block
+    from batchcast.status import list_producers
+
+    with bc.Producer(Ids(4000, 4), name, epochs=1, slots=2, min_consumers=2) as producer:
+        slow = bc.Consumer(name, batch_size=4, timeout=10)
+        fast = bc.Consumer(name, batch_size=8, timeout=10)
+        it = iter(slow)
+        next(it)  # takes one batch, then computes for as long as the test likes
+        done = threading.Event()
+
+        def take():
+            try:
+                for _ in fast:
+                    pass
+            except bc.Error:
+                pass
+            done.set()
+
+        threading.Thread(target=take, daemon=True).start()
+
+        def stalled():
+            (listing,) = [p for p in list_producers() if p["name"] == name]
+            status = listing["status"]
+            return status if status["waiting_for"] == "consumers" and any(
+                c["holding_up"] for c in status["consumers"]) else None
+
+        status = eventually(stalled, "the producer waiting for the slow consumer")
+        now = {c["batch_size"]: _consumer_now(c, status) for c in status["consumers"]}
+        assert now == {4: "computing; the producer waits for it",
+                       8: "waiting: ring full (a slower consumer)"}, now
+        lines, _ = _status_block({"name": name, "status": status})
+        assert any(line.startswith("  now: waiting ") and f"for consumer pid {os.getpid()} to free ring "
+                   "space" in line for line in lines), lines
+        slow.close()
+        assert done.wait(60)
+        fast.close()

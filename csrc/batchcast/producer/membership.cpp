@@ -73,6 +73,7 @@ std::vector<ConsumerInfo> Membership::consumers() const {
     info.first_epoch = m.waiting_for_group ? -1 : m.first_epoch;
     info.batches_sent = m.batches_sent;
     info.stall_seconds = m.stall_seconds;
+    info.holding_up = !holding_up_.empty() && holding_up_ == peer;
     info.leaving = m.leaving;
     if (m.hello.in_group()) {
       info.group = m.hello.group;
@@ -598,6 +599,7 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   for (const auto& peer : dead) remove(peer, Departure::Crashed, out);
   const double since_last = last_sweep_ ? std::chrono::duration<double>(now - *last_sweep_).count() : 0;
   last_sweep_ = now;
+  holding_up_.clear();
   if (!waiting_for_space) return out;
   // The member that has left a batch unreleased the longest, among batches it
   // has not moved past (those it keeps are within its pin budget) and that
@@ -632,6 +634,7 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
     oldest = waiting_since;
   }
   if (slowest.empty()) return out;
+  holding_up_ = slowest;
   members_.at(slowest).stall_seconds += since_last;
   const double held = std::chrono::duration<double>(now - oldest).count();
   if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict(slowest, held, out);

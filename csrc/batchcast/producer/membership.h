@@ -75,6 +75,7 @@ struct ConsumerInfo {
   int64_t lag = 0;           // of those, batches sent that it has not consumed yet
   int64_t batches_sent = 0;
   double stall_seconds = 0;  // time the producer waited for ring space because of it
+  bool holding_up = false;   // the producer waits for ring space because of it, now
   bool leaving = false;      // said goodbye or was evicted: gets nothing more
   std::string group;         // its consumer group ("" none), rank and world size
   int32_t rank = 0;
@@ -235,6 +236,7 @@ class Membership {
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
   std::optional<Clock::time_point> last_sweep_;
+  std::string holding_up_;  // the member the last sweep found the producer waiting for
   MembershipCounters counters_;
 };
 

@@ -167,6 +167,7 @@ void visit(const ConsumerInfo& c, Visit&& v) {
   v("lag", c.lag);
   v("batches_sent", c.batches_sent);
   v("stall_seconds", c.stall_seconds);
+  v("holding_up", c.holding_up);
   v("leaving", c.leaving);
   v("group", c.group);
   v("rank", c.rank);

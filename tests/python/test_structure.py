@@ -7,6 +7,7 @@ thread, consumers in this process)."""
 from __future__ import annotations
 
 import collections
+import os
 import random
 import uuid
 
@@ -57,11 +58,12 @@ class Spec:
 
     def _container(self, depth: int):
         kind = self.rng.choice(["dict", "tuple", "list", "namedtuple"])
+        # Every container has a tensor with a batch dimension, first, so every
+        # batch has one (a batch needs one, or a per-sample list).
+        first = ("tensor", self._key(), torch.int64, ())
         if kind == "namedtuple":
-            return ("namedtuple", Point, [self._node(depth), self._node(depth)])
-        children = [self._node(depth) for _ in range(self.rng.randint(1, 3))]
-        # Every batch has a tensor with a batch dimension, first.
-        children.insert(0, ("tensor", self._key(), torch.int64, ()))
+            return ("namedtuple", Point, [first, self._node(depth)])
+        children = [first] + [self._node(depth) for _ in range(self.rng.randint(1, 3))]
         if kind == "dict":
             return ("dict", [(f"k{i}", c) for i, c in enumerate(children)])
         return (kind, children)
@@ -153,7 +155,7 @@ def changed(node, rng: random.Random):
     return (kind, node[1] + 1), True  # a scalar's or a 0-d tensor's value
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(os.environ.get("BATCHCAST_STRUCTURE_EXAMPLES", "50")), deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1), loader_batch=st.integers(1, 9),
        batch_size=st.integers(1, 20), batches=st.integers(2, 8), changes=st.integers(0, 2))
 def test_every_delivered_leaf_is_the_loaders_samples_or_the_change_is_refused(

@@ -1,5 +1,6 @@
 """Two PyTorch Lightning trainers fed by one batchcast producer: the training
-loader of a LightningDataModule is a `batchcast.Consumer`; everything else
+loader is a `batchcast.Consumer`, in a LightningDataModule (one trial) or
+given to `Trainer.fit` (the other); everything else
 (validation loader, `Trainer.fit`, the progress bar, a OneCycleLR scheduler
 sized from `trainer.estimated_stepping_batches`) is Lightning's, unchanged.
 
@@ -83,8 +84,12 @@ def trial(args: argparse.Namespace) -> None:
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=False)
-    trainer.fit(model, datamodule=Data())
-    result = {"batch_size": args.batch_size, "lr": args.lr,
+    if args.how == "datamodule":
+        trainer.fit(model, datamodule=Data())
+    else:  # the loaders given to fit() directly
+        data = Data()
+        trainer.fit(model, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+    result = {"batch_size": args.batch_size, "lr": args.lr, "how": args.how,
               "steps": trainer.global_step, "estimated_steps": trainer.estimated_stepping_batches,
               "seen": [model.seen.get(e, []) for e in range(args.epochs)],
               "val_loss": float(trainer.callback_metrics["val_loss"])}
@@ -99,6 +104,8 @@ def main() -> None:
     ap.add_argument("--data", default="")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--how", choices=["datamodule", "fit"], default="datamodule",
+                    help="a LightningDataModule, or the loaders passed to Trainer.fit")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.trial:
@@ -107,26 +114,26 @@ def main() -> None:
     name = f"lightning-{Path(tempfile.mkdtemp()).name}"
     loader = DataLoader(Points(args.samples), batch_size=64, shuffle=True,
                         generator=torch.Generator().manual_seed(1), num_workers=1)
-    trials = [(32, 0.1), (48, 0.05)]
+    trials = [(32, 0.1, "datamodule"), (48, 0.05, "fit")]
     outs = [Path(tempfile.mkdtemp()) / "trial.json" for _ in trials]
     with bc.Producer(loader, name, epochs=args.epochs, min_consumers=len(trials)) as producer:
         procs = [subprocess.Popen([sys.executable, __file__, "--trial", "--data", name,
                                    "--epochs", str(args.epochs), "--batch-size", str(b),
-                                   "--lr", str(lr), "--out", str(out)])
-                 for (b, lr), out in zip(trials, outs)]
+                                   "--lr", str(lr), "--how", how, "--out", str(out)])
+                 for (b, lr, how), out in zip(trials, outs)]
         codes = [p.wait() for p in procs]
         joins = producer.stats()["joins"]
     if any(codes):
         sys.exit(f"a trial failed: exit codes {codes}")
     print(f"one producer, {joins} consumers joined (one per trial), {args.epochs} epochs of "
           f"{args.samples} samples")
-    print(f"{'batch':>5} {'lr':>6} {'steps':>6} {'val loss':>9}  every sample once per epoch")
+    print(f"{'batch':>5} {'lr':>6} {'given as':>10} {'steps':>6} {'val loss':>9}  every sample once per epoch")
     ok = True
     for out in outs:
         r = json.loads(out.read_text())
         once = all(sorted(ids) == list(range(args.samples)) for ids in r["seen"])
         ok &= once and r["steps"] == r["estimated_steps"]
-        print(f"{r['batch_size']:>5} {r['lr']:>6} {r['steps']:>6} {r['val_loss']:>9.3f}  {once}")
+        print(f"{r['batch_size']:>5} {r['lr']:>6} {r['how']:>10} {r['steps']:>6} {r['val_loss']:>9.3f}  {once}")
     if not ok or joins != len(trials):
         sys.exit("a trial missed or repeated samples, or took another number of steps than "
                  "Lightning estimated from len()")

@@ -60,6 +60,21 @@ LOADERS = textwrap.dedent("""
         yield torch.zeros(2)
 
 
+    class Stream:
+        # Re-iterable, with no length: the producer cannot tell an epoch's samples.
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            for start in range(0, self.n, 8):
+                ids = torch.arange(start, min(self.n, start + 8))
+                yield torch.stack([Ids(self.n)[int(i)][0] for i in ids]), ids
+
+
+    def stream(n="100"):
+        return Stream(int(n))
+
+
     not_a_function = 3
 """)
 
@@ -161,6 +176,19 @@ def test_serve_serves_a_loader_from_a_file_to_a_checking_consumer(cli, procs, lo
     assert f"consumer pid {consumer.pid} of producer 'ids' joined" in err, err
     assert "Traceback" not in err and cli.out(serve) == "", err
     assert list(runtime_dir.iterdir()) == []
+
+
+def test_serve_takes_samples_per_epoch_and_ring_bytes(cli, procs, loaders, runtime_dir):
+    # A loader with no length: --samples-per-epoch gives trainers len() from the start.
+    serve = cli.start("serve", f"{loaders}:stream", "--epochs", "1", "--samples-per-epoch", "100",
+                      "--ring-bytes", str(64 << 20), "--refresh", "0", "--", "100")
+    procs.start("consume", "stream", "--batch-size", "10", "--check-values", out="c.json")
+    procs.wait_all()
+    assert cli.finish(serve) == 0, cli.err(serve)
+    result = procs.result("c.json")
+    assert result["error"] is None and result["epochs"] == [list(range(100))], result
+    assert result["len"] == 10  # known before the first epoch ended
+    assert result["stats"]["ring_bytes"] >= 64 << 20
 
 
 def test_status_while_serving_two_consumers_then_sigterm_stops_cleanly(cli, procs, loaders,

@@ -7,9 +7,34 @@
 # on its own (and the command line's start-up time) and the sdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Each step says its name and time; a failure's last lines name the step.
+step_name="set-up"
+step_started=$SECONDS
+step_times=()
+step() {
+  step_times+=("$(printf '%5d s  %s' $((SECONDS - step_started)) "$step_name")")
+  step_name=$1
+  step_started=$SECONDS
+  echo "== $1"
+}
+finish() {
+  local status=${1:-$?}
+  step_times+=("$(printf '%5d s  %s' $((SECONDS - step_started)) "$step_name")")
+  echo "== time per step:"
+  printf '   %s\n' "${step_times[@]}"
+  if [ "$status" -ne 0 ]; then
+    echo "== FAILED in step: $step_name (exit status $status)"
+  else
+    echo "== every step passed in $SECONDS s"
+  fi
+}
+trap finish EXIT
+
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
 
+step "Test tools (clang for the fuzzers; the examples' packages)"
 # The decoder fuzz target needs clang and its libFuzzer runtime.
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -28,11 +53,11 @@ PIP_CONSTRAINT="$pin" $PY -m pip install -q nbclient nbformat ipykernel jupyter_
   lightning accelerate
 rm -f "$pin"
 
-echo "== C++ tests"
+step "C++ tests"
 ctest --test-dir build/py --output-on-failure
-echo "== Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)"
+step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)"
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
-echo "== Python tests"
+step "Python tests"
 # `import batchcast` is the package installed above (python/ is not on sys.path).
 # The GPU ring's rules run on the simulated device with two fixed seeds and a
 # new one each run (a failing test's name shows its seed).
@@ -45,24 +70,24 @@ $PY -m pytest -q -p no:cacheprovider tests/python "$@"
 # setting is put back.
 thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
 if [ -w "$thp" ]; then
-  echo "== Huge pages: the ring in 2 MiB pages (shmem_enabled advise for this test)"
+  step "Huge pages: the ring in 2 MiB pages (shmem_enabled advise for this test)"
   was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
   echo advise >"$thp"
-  trap 'echo "$was" >"$thp"' EXIT
+  trap 'st=$?; echo "$was" >"$thp"; finish $st' EXIT
   BATCHCAST_REQUIRE_HUGE_PAGES=1 $PY -m pytest -q -p no:cacheprovider tests/python/test_api.py \
     -k huge_pages
   echo "$was" >"$thp"
-  trap - EXIT
+  trap finish EXIT
 fi
-echo "== Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
+step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
 $PY -m pip install -q "ray[tune]==2.60.0"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
-echo "== Mutants: each deliberate bug in the GPU path is caught by a test (simulated device)"
+step "Mutants: each deliberate bug in the GPU path is caught by a test (simulated device)"
 $PY tests/mutations/run.py
-echo "== Types: mypy --strict on the package (with the stubs of its compiled modules)"
+step "Types: mypy --strict on the package (with the stubs of its compiled modules)"
 $PY -m pip install -q "mypy==2.4.1"
 $PY -m mypy --strict --no-incremental python/batchcast
-echo "== Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
+step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
 bash scripts/wheel-check.sh
-echo "== sdist: pip builds it against the installed torch, or stops at once naming the command"
+step "sdist: pip builds it against the installed torch, or stops at once naming the command"
 bash scripts/sdist-check.sh

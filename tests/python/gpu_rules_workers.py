@@ -167,6 +167,68 @@ def same_process(args: argparse.Namespace) -> None:
         json.dump(result, f)
 
 
+# ---- small and odd tensors ----------------------------------------------------------
+def odd_batch(ids: torch.Tensor, epoch: int) -> dict:
+    """Leaves of odd sizes and dtypes (3 bytes a sample, one element, bools,
+    a 0-d tensor, complex), each value made from the sample and the epoch."""
+    k = ids + 1000 * epoch
+    return {
+        "u8": torch.stack([(k * 7 + j) % 251 for j in range(3)], 1).to(torch.uint8),
+        "i16": (k * -3).to(torch.int16).view(-1, 1),
+        "one": k.view(-1, 1),  # one int64 per sample: a label
+        "f64": k.double() / 7,
+        "b": torch.stack([(k >> j) % 2 == 1 for j in range(5)], 1),
+        "c64": torch.complex(k.float(), -k.float()).view(-1, 1),
+        "epoch": torch.tensor(epoch),  # 0-d: travels with the announcement
+        "id": ids,
+    }
+
+
+class OddBatches:
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.epoch = args, -1
+
+    def __len__(self) -> int:
+        return -(-self.args.samples // self.args.loader_batch)
+
+    def __iter__(self):
+        self.epoch += 1
+        for start in range(0, self.args.samples, self.args.loader_batch):
+            yield odd_batch(torch.arange(start, min(start + self.args.loader_batch, self.args.samples)),
+                            self.epoch)
+
+
+def produce_odd(args: argparse.Namespace) -> None:
+    producer = bc.Producer(OddBatches(args), args.name, device="cuda:0", epochs=args.epochs,
+                           min_consumers=args.min_consumers, slots=args.slots)
+    producer.run()
+    print(json.dumps(producer.stats()), flush=True)
+
+
+def consume_odd(args: argparse.Namespace) -> None:
+    result = {"error": None, "batches": 0, "mismatches": [], "samples": 0}
+    try:
+        with bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
+                         shared_gpu_views=args.views == "shared") as c:
+            for _ in range(args.epochs):
+                for batch in c:
+                    epoch = int(batch["epoch"])
+                    want = odd_batch(batch["id"].cpu(), epoch)
+                    for key, value in want.items():
+                        got = batch[key].cpu()
+                        # Byte for byte: the same dtype, shape and bytes.
+                        if got.dtype != value.dtype or got.shape != value.shape or \
+                                got.reshape(-1).view(torch.uint8).tolist() != value.reshape(-1).view(torch.uint8).tolist():
+                            result["mismatches"].append(f"{key} of samples {batch['id'].tolist()}")
+                    result["batches"] += 1
+                    result["samples"] += len(batch["id"])
+            result["stats"] = c.stats()
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
 def consume_two(args: argparse.Namespace) -> None:
     """Two consumers of one GPU ring in one process, each in a thread of its own."""
     results = [None, None]
@@ -346,7 +408,8 @@ def consume(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["produce", "consume", "consume-two", "same-process"])
+    p.add_argument("role", choices=["produce", "consume", "consume-two", "same-process", "produce-odd",
+                                    "consume-odd"])
     p.add_argument("name")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--sample-bytes", type=int, default=1 << 16)
@@ -381,7 +444,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", default="")
     args = p.parse_args()
-    roles = {"produce": produce, "consume": consume, "consume-two": consume_two, "same-process": same_process}
+    roles = {"produce": produce, "consume": consume, "consume-two": consume_two, "same-process": same_process,
+             "produce-odd": produce_odd, "consume-odd": consume_odd}
     roles[args.role](args)
 
 

@@ -278,3 +278,21 @@ def test_two_gpu_consumers_in_one_process(procs, name, device):
         assert r["error"] is None, r["error"]
         assert r["mismatches"] == 0 and r["samples"] == 2 * device.samples, r
         assert r["stats"]["ipc_memory_opens"] == 1, r["stats"]
+
+
+@pytest.mark.parametrize("views", ["copy", "shared"])
+def test_small_and_odd_tensors_arrive_byte_for_byte(procs, name, device, views):
+    """Labels, one element per sample, 3 bytes a sample, bools, complex, a 0-d
+    tensor: every leaf arrives with its dtype, shape and bytes, rebatched
+    (7 over loader batches of 8) and not, through a ring that wraps."""
+    start(procs, device, "produce-odd", name, "--slots", 2, "--epochs", 2, "--min-consumers", 2,
+          "--samples", 61, "--loader-batch", 8)
+    start(procs, device, "consume-odd", name, "--epochs", 2, "--views", views, "--samples", 61,
+          "--loader-batch", 8, out="a.json")
+    start(procs, device, "consume-odd", name, "--epochs", 2, "--views", views, "--batch-size", 7,
+          "--samples", 61, "--loader-batch", 8, out="b.json")
+    procs.wait_all(timeout=180)
+    for out, batches in (("a.json", 2 * 8), ("b.json", 2 * 9)):
+        r = procs.result(out)
+        assert r["error"] is None and r["mismatches"] == [], r
+        assert r["batches"] == batches and r["samples"] == 2 * 61, r

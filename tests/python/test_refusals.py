@@ -273,11 +273,9 @@ class Growing:
 def test_batches_up_to_four_times_the_first_just_work(runtime_dir, name, how):
     loader = Growing(how)
     total = sum(loader.sizes) if how == "rows" else 16 * len(loader.sizes)
-    with bc.Producer(loader, name, epochs=2, slots=4) as producer:
-        forward = bc.Consumer(name, timeout=10)
-        consumers = [forward]
-        if how == "rows":  # rebatching needs one sample shape
-            consumers.append(bc.Consumer(name, batch_size=7, timeout=10))
+    sizes = [None, 7] if how == "rows" else [None]  # rebatching needs one sample shape
+    with bc.Producer(loader, name, epochs=2, slots=4, min_consumers=len(sizes)) as producer:
+        consumers = [bc.Consumer(name, batch_size=b, timeout=10) for b in sizes]
         got = {id(c): [] for c in consumers}
 
         def take(c):

@@ -369,7 +369,9 @@ def consume(args: argparse.Namespace) -> None:
                     got.append(len(ids))
                     position += len(ids)
                     if len(kept) < args.keep:
-                        kept.append(batch)
+                        kept.append((batch, ids, e))
+                        if len(kept) == args.keep and args.kept:
+                            touch(args.kept)
                     del batch, images, labels  # drop at once: its release follows the queued check
                     context_check("drop")
                 result["epochs"].append({"epoch": e, "samples": position, "batches": len(got)})
@@ -378,6 +380,11 @@ def consume(args: argparse.Namespace) -> None:
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["stats"] = consumer.stats()
+    if kept:  # what it kept is still its batches' values, whatever happened since
+        result["kept_intact"] = all(
+            torch.equal(batch[0].cpu(), checker.expected(ids, e, samples, batch[0].shape[1], "cpu"))
+            and torch.equal(batch[1].cpu(), torch.arange(ids.start, ids.stop))
+            for batch, ids, e in kept)
     if args.hold_until:
         touch(args.holding)
         wait_for_file(args.hold_until, args.timeout)
@@ -436,6 +443,7 @@ def main() -> None:
     p.add_argument("--holding", default="", help="consumer: file to create while it holds --keep batches")
     p.add_argument("--hold-until", default="", help="consumer: hold kept batches until this file exists")
     p.add_argument("--fresh-thread", action="store_true")
+    p.add_argument("--kept", default="", help="consumer: file to create once it keeps --keep batches")
     p.add_argument("--views", choices=["copy", "shared"], default="copy",
                    help="consumer: private copies on the GPU (the default) or shared_gpu_views=True")
     p.add_argument("--write-in-place", action="store_true", help="consumer: negate each batch in place")

@@ -296,3 +296,24 @@ def test_small_and_odd_tensors_arrive_byte_for_byte(procs, name, device, views):
         r = procs.result(out)
         assert r["error"] is None and r["mismatches"] == [], r
         assert r["batches"] == batches and r["samples"] == 2 * 61, r
+
+
+@pytest.mark.parametrize("views", ["copy", "shared"])
+def test_a_killed_producer_is_producer_lost_and_the_batches_kept_stay_readable(procs, name, device, tmp_path,
+                                                                              views):
+    """The producer is SIGKILLed while a consumer keeps three of its batches:
+    the consumer's next next() raises ProducerLost (no hang), and what it
+    kept still holds its values (shared views: the ring's memory stays mapped
+    in the consumer while it holds them)."""
+    kept = tmp_path / "kept"
+    p = start(procs, device, "produce", name, "--slots", 4, "--epochs", 1000)
+    c = start(procs, device, "consume", name, "--check", "host", "--epochs", 1000, "--keep", 3,
+              "--kept", kept, "--views", views, out="a.json")
+    eventually(kept.exists, "the consumer keeping three batches", timeout=120, watch=[c], err=procs.err)
+    p.kill()
+    p.wait()
+    procs.procs.remove(p)
+    c.wait(60)
+    r = procs.result("a.json")
+    assert r["error"] is not None and r["error"].startswith("ProducerLost"), r["error"]
+    assert r["kept_intact"] is True, r

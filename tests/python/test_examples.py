@@ -158,6 +158,25 @@ def test_notebook_runs_twice_in_one_kernel_and_leaves_nothing(runtime_dir, tmp_p
     assert os.listdir(runtime_dir) == []
 
 
+def test_the_serving_cell_run_again_replaces_its_producer(runtime_dir, tmp_path):
+    nbformat, nbclient = notebook_env()
+    original = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    code = [c.source for c in original.cells if c.cell_type == "code"]
+    serving = next(c for c in code if "bc.Producer(" in c and ".start()" in c)
+    stop = next(c for c in code if c.startswith("producer.stop()"))
+    v4 = nbformat.v4
+    nb = v4.new_notebook(metadata=original.metadata,
+                         cells=[v4.new_code_cell(code[0]), v4.new_code_cell(serving),
+                                v4.new_code_cell(serving), v4.new_code_cell(stop),
+                                v4.new_code_cell(STATE_CELL)])
+    execute(nbclient, nb, tmp_path)
+    replaced = cell_text(nb.cells[2])
+    assert "replaces the one of that name this process started before" in replaced, replaced
+    assert "producers now: []" in cell_text(nb.cells[3])
+    assert_clean(states(nb)[0])
+    assert os.listdir(runtime_dir) == []
+
+
 def test_notebook_in_fresh_kernels_leaves_nothing(runtime_dir, tmp_path):
     nbformat, nbclient = notebook_env()
     for _ in range(2):

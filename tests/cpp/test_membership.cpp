@@ -21,16 +21,20 @@ namespace {
 
 // Drives a Membership and records what it says, peer by peer.
 struct Harness {
-  explicit Harness(MembershipOptions options = {}) : m([&] {
-    if (options.name.empty()) options.name = "p";
-    if (options.producer_pid == 0) options.producer_pid = 1;
-    return options;
-  }()) {}
+  explicit Harness(MembershipOptions options = {})
+      : m(
+            [&] {
+              if (options.name.empty()) options.name = "p";
+              if (options.producer_pid == 0) options.producer_pid = 1;
+              return options;
+            }(),
+            slots) {}
 
+  std::multiset<uint64_t> freed;
+  SlotLedger slots{[this](uint64_t seq) { freed.insert(seq); }};
   Membership m;
   Clock::time_point now = Clock::time_point{} + 1h;
   std::map<std::string, std::vector<protocol::Message>> got;
-  std::multiset<uint64_t> freed;
   std::vector<Report> reports;
   std::set<int64_t> dead;
   uint64_t next_seq = 1;
@@ -40,7 +44,7 @@ struct Harness {
 
   void take(Actions a) {
     for (const auto& s : a.sends) got[s.peer].push_back(protocol::decode(s.bytes->data(), s.bytes->size()));
-    for (uint64_t seq : a.freed) freed.insert(seq);
+    slots.check();
     for (auto& r : a.reports) reports.push_back(r);
   }
   void say(const std::string& peer, const protocol::Message& msg) {
@@ -82,6 +86,9 @@ struct Harness {
     a.samples = samples;
     a.position = position;
     position += samples;
+    slots.reserve(a.seq);  // as the producer does: written, then announced
+    slots.write(a.seq);
+    slots.queue(a.seq);
     take(m.on_batch(a, now));
     return a.seq;
   }

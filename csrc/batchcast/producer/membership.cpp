@@ -7,7 +7,8 @@
 
 namespace batchcast {
 
-Membership::Membership(MembershipOptions options) : options_(std::move(options)) {}
+Membership::Membership(MembershipOptions options, SlotLedger& slots)
+    : options_(std::move(options)), slots_(slots) {}
 
 std::string Membership::who(const Member& m) const {
   return "consumer pid " + std::to_string(m.pid) + " of producer '" + options_.name + "'";
@@ -81,7 +82,7 @@ std::vector<ConsumerInfo> Membership::consumers() const {
       info.world_size = m.hello.world_size;
       info.waiting_for_group = m.waiting_for_group;
     }
-    for (const auto& [seq, hold] : holds_) {
+    for (const auto& [seq, hold] : slots_.held()) {
       if (hold.holders.count(peer) == 0) continue;
       info.slots_held += 1;
       info.slots_pinned += seq < m.released_upto ? 1 : 0;
@@ -94,7 +95,6 @@ std::vector<ConsumerInfo> Membership::consumers() const {
 
 void Actions::merge(Actions other) {
   for (auto& s : other.sends) sends.push_back(std::move(s));
-  freed.insert(freed.end(), other.freed.begin(), other.freed.end());
   for (auto& r : other.reports) reports.push_back(std::move(r));
   for (auto& p : other.status_requests) status_requests.push_back(std::move(p));
   members_changed = members_changed || other.members_changed;
@@ -155,8 +155,8 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
             if (!known) return;
             Member& m = member->second;
             for (uint64_t seq : release.seqs) {
-              if (holds_.count(seq) != 0) m.released_upto = std::max(m.released_upto, seq);
-              this->release(peer, seq, out);
+              if (slots_.is_held(seq)) m.released_upto = std::max(m.released_upto, seq);
+              slots_.release(seq, peer);
             }
             forget_if_done(peer, out);
           },
@@ -352,7 +352,7 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
     // them up to the epoch's last delivered batch is still held.
     auto held_from = [&](int64_t delivered) {
       int64_t expect = -1;
-      for (const auto& [seq, hold] : holds_) {
+      for (const auto& [seq, hold] : slots_.held()) {
         if (!hold.batch || hold.batch->epoch != e) continue;
         if (expect < 0) {
           if (pos < hold.position || pos >= hold.position + hold.batch->samples) continue;
@@ -398,7 +398,7 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
   const bool catching = catch_up && delivered_epoch_ >= 0;
   if (catching && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
     s.first_epoch = delivered_epoch_;
-    for (uint64_t seq : retained_) s.batches.push_back(holds_.at(seq).batch);
+    for (uint64_t seq : retained_) s.batches.push_back(slots_.held().at(seq).batch);
   } else if (catching) {
     report(out, Report::Level::Notice,
            "consumer pid " + std::to_string(hello.pid) + " joined epoch " + std::to_string(delivered_epoch_) +
@@ -412,7 +412,7 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
 // The held batches a newcomer starts with (catch-up, resume): it holds them too.
 void Membership::begin(const std::string& peer, Member& member, const Start& start, Actions& out) {
   for (const auto& batch : start.batches) {
-    holds_.at(batch->seq).holders.insert(peer);
+    slots_.add_holder(batch->seq, peer);
     member.batches_sent += 1;
     member.sent_upto = std::max(member.sent_upto, batch->seq);
     send(out, peer, encode_batch(*batch));
@@ -456,27 +456,12 @@ void Membership::break_group(const std::string& peer, const std::string& what, A
   groups_.erase(g);
 }
 
-void Membership::release(const std::string& peer, uint64_t seq, Actions& out) {
-  auto hold = holds_.find(seq);
-  if (hold == holds_.end()) return;
-  hold->second.holders.erase(peer);
-  free_if_unheld(hold, out);
-}
-
-void Membership::free_if_unheld(std::map<uint64_t, Hold>::iterator hold, Actions& out) {
-  if (!hold->second.holders.empty() || hold->second.retained) return;
-  out.freed.push_back(hold->first);
-  holds_.erase(hold);
-}
-
 // A member that said goodbye is forgotten once it holds nothing (and has
 // unmapped a GPU ring); until then its slots stay its own.
 void Membership::forget_if_done(const std::string& peer, Actions& out) {
   auto m = members_.find(peer);
   if (m == members_.end() || !m->second.leaving || m->second.mapped) return;
-  for (const auto& [seq, hold] : holds_) {
-    if (hold.holders.count(peer) != 0) return;
-  }
+  if (slots_.holds_any(peer)) return;
   members_.erase(m);
   out.members_changed = true;
 }
@@ -491,11 +476,7 @@ void Membership::remove(const std::string& peer, Departure how, Actions& out) {
   }
   members_.erase(m);
   out.members_changed = true;
-  for (auto hold = holds_.begin(); hold != holds_.end();) {
-    auto next = std::next(hold);
-    if (hold->second.holders.erase(peer) != 0) free_if_unheld(hold, out);
-    hold = next;
-  }
+  slots_.release_all(peer);
 }
 
 // ---- the producer's stream --------------------------------------------------
@@ -521,35 +502,34 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
   Actions out;
   next_joinable_epoch_ = std::max(next_joinable_epoch_, batch.epoch + 1);
   if (batch.epoch != delivered_epoch_) {
-    end_retention(out);
+    end_retention();
     delivered_epoch_ = batch.epoch;
     delivered_in_epoch_ = 0;
     delivered_samples_in_epoch_ = 0;
   }
   delivered_in_epoch_ += 1;
-  if (delivered_in_epoch_ > options_.catch_up_window) end_retention(out);
+  if (delivered_in_epoch_ > options_.catch_up_window) end_retention();
   auto bytes = encode_batch(batch);
   auto shared = std::make_shared<const protocol::Announcement>(std::move(batch));
-  auto hold = holds_.emplace(shared->seq, Hold{{}, now, false, shared, delivered_samples_in_epoch_}).first;
+  const int64_t position = delivered_samples_in_epoch_;
   delivered_samples_in_epoch_ += shared->samples;
-  if (delivered_in_epoch_ <= options_.catch_up_window) {
-    hold->second.retained = true;
-    retained_.push_back(shared->seq);
-  }
+  const bool retained = delivered_in_epoch_ <= options_.catch_up_window;
+  if (retained) retained_.push_back(shared->seq);
+  std::set<std::string> holders;
   for (auto& [peer, m] : members_) {
     if (m.leaving || m.first_epoch > delivered_epoch_) continue;
-    hold->second.holders.insert(peer);
+    holders.insert(peer);
     m.batches_sent += 1;
     m.sent_upto = std::max(m.sent_upto, shared->seq);
     send(out, peer, bytes);
   }
-  free_if_unheld(hold, out);
+  slots_.deliver(shared->seq, std::move(holders), retained, now, shared, position);
   return out;
 }
 
 Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   Actions out;
-  end_retention(out);
+  end_retention();
   last_end_ = end;
   delivered_epoch_ = -1;  // no epoch in progress: every newcomer gets the next
   delivered_in_epoch_ = 0;
@@ -576,14 +556,11 @@ Actions Membership::on_finished(const protocol::Finished& finished) {
   return out;
 }
 
-void Membership::end_retention(Actions& out) {
+void Membership::end_retention() {
   auto retained = std::move(retained_);
   retained_.clear();
   for (uint64_t seq : retained) {
-    auto hold = holds_.find(seq);
-    if (hold == holds_.end()) continue;
-    hold->second.retained = false;
-    free_if_unheld(hold, out);
+    slots_.unretain(seq);
   }
 }
 
@@ -612,7 +589,7 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   std::string slowest, waiting;
   Clock::time_point oldest = now, waiting_since = now;
   bool coming_back = false;
-  for (const auto& [seq, hold] : holds_) {
+  for (const auto& [seq, hold] : slots_.held()) {
     for (const auto& peer : hold.holders) {
       const Member& m = members_.at(peer);
       if (seq < m.released_upto) continue;

@@ -1,9 +1,10 @@
 // Who the consumers are and which ring slots each one holds: the producer's
 // membership rules as a state machine without I/O (no ZeroMQ, no CUDA, no
 // clock of its own). It takes events — a message from a peer, the next item of
-// the producer's stream, a liveness sweep — and returns what to send to whom,
-// which slots are free again and what to report. The producer's I/O loop only
-// moves bytes; tests drive this class directly.
+// the producer's stream, a liveness sweep — and returns what to send to whom
+// and what to report; who holds which slot it records in the producer's slot
+// ledger (slot_ledger.h), which frees a slot once nobody holds it. The
+// producer's I/O loop only moves bytes; tests drive this class directly.
 //
 // The rules:
 // - Join: a consumer that says Hello before an epoch's first batch takes part
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "batchcast/common/report.h"
+#include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
 
 namespace batchcast {
@@ -103,7 +105,6 @@ struct Actions {
     bool welcome = false;  // the peer's Welcome: what follows may take another way
   };
   std::vector<Send> sends;
-  std::vector<uint64_t> freed;  // slots nobody holds any more
   std::vector<Report> reports;
   std::vector<std::string> status_requests;  // peers that asked what the producer is doing
   bool members_changed = false;  // a consumer joined or went: wake whoever waits on that
@@ -115,7 +116,9 @@ class Membership {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Membership(MembershipOptions options);
+  // Who holds which slot is recorded in `slots` (the producer's ledger,
+  // which frees a slot once nobody holds it); it must outlive this.
+  Membership(MembershipOptions options, SlotLedger& slots);
 
   // A message from a peer (raw bytes, validated here): Hello, Release, Bye,
   // Unmapped. Anything else is dropped and counted; another protocol version
@@ -156,7 +159,7 @@ class Membership {
   std::vector<ConsumerInfo> consumers() const;
   const MembershipCounters& counters() const { return counters_; }
   int32_t pin_budget() const;
-  int64_t slots_held() const { return static_cast<int64_t>(holds_.size()); }
+  int64_t slots_held() const { return static_cast<int64_t>(slots_.held().size()); }
 
  private:
   struct Member {
@@ -174,13 +177,6 @@ class Membership {
     protocol::Hello hello;       // as it joined (group, rank, resume)
     uint64_t group = 0;          // its group's id; 0: none
     bool waiting_for_group = false;
-  };
-  struct Hold {
-    std::set<std::string> holders;
-    Clock::time_point since;
-    bool retained = false;  // kept for catch-up joins
-    std::shared_ptr<const protocol::Announcement> batch;  // for consumers that resume into it
-    int64_t position = 0;   // samples of its epoch before it
   };
   // One generation of a named group: a restarted group is a new one, formed
   // beside the old until that one breaks.
@@ -212,18 +208,16 @@ class Membership {
   void broadcast(Actions& out, const protocol::Message& message, int64_t epoch = -1);
   std::shared_ptr<const std::string> encode_batch(protocol::Announcement batch) const;
   int64_t taking() const;  // member processes that get batches (each rank of a group)
-  void release(const std::string& peer, uint64_t seq, Actions& out);
-  void free_if_unheld(std::map<uint64_t, Hold>::iterator hold, Actions& out);
   void forget_if_done(const std::string& peer, Actions& out);
   void remove(const std::string& peer, Departure how, Actions& out);
   void evict(const std::string& peer, double held_seconds, Actions& out);
-  void end_retention(Actions& out);
+  void end_retention();
   void report(Actions& out, Report::Level level, std::string message) const;
   std::string who(const Member& m) const;
 
   MembershipOptions options_;
   std::map<std::string, Member> members_;  // by ZeroMQ routing id
-  std::map<uint64_t, Hold> holds_;          // announced slots not yet free
+  SlotLedger& slots_;                       // who holds each delivered slot
   std::vector<uint64_t> retained_;          // the current epoch's first batches (their slots)
   int64_t delivered_epoch_ = -1;            // epoch in progress; -1 between epochs
   int64_t delivered_in_epoch_ = 0;

@@ -52,10 +52,17 @@ Producer::Producer(ProducerOptions options)
       router_(context_, zmq::socket_type::router),
       ring_(Ring::create(RingOptions{options_.name, options_.cuda_device, options_.slots,
                                      options_.ring_bytes})),
+      // Under mu_, as every call of the ledger: the one place ring space comes back.
+      slots_([this](uint64_t seq) {
+        if (ring_) ring_->release(seq);  // (after close(), a lease may still come back)
+        freed_since_sweep_ = true;
+        space_.notify_all();
+      }),
       membership_(MembershipOptions{options_.name, ::getpid(), options_.slots,
                                     *options_.catch_up_window, options_.straggler_timeout.value_or(0),
                                     options_.samples_per_epoch, options_.batches_per_epoch,
-                                    ring_->description(), options_.loader}) {
+                                    ring_->description(), options_.loader},
+                  slots_) {
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
   lock_ = std::make_unique<NameLock>(dir_, options_.name);
@@ -344,13 +351,14 @@ RingSlot Producer::reserve(const Layout& layout, const Batch& batch, double& wai
     stream_.push_back(protocol::RingReady{ring_->description()});
   }
   ring_->check_fits(layout.bytes, batch);
-  RingSlot slot = wait_for_slot(lock, layout, waited);
+  RingSlot slot = wait_for_slot(lock, layout, waited, /*lease=*/false);
+  slots_.write(slot.seq);
   publishing_ += 1;  // close() waits for this write before freeing the ring
   return slot;
 }
 
 RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout,
-                                 double& waited) {
+                                 double& waited, bool lease) {
   std::optional<RingSlot> slot;
   const auto wait_start = Clock::now();
   waiting_for_space_ = true;
@@ -358,7 +366,11 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
   bool told = false;
   try {
     wait(lock, space_, -1, [&] {
-      if (!slot && phase_ == Phase::Serving) slot = ring_->try_reserve(layout.bytes, layout.align);
+      if (!slot && phase_ == Phase::Serving) {
+        slot = ring_->try_reserve(layout.bytes, layout.align);
+        if (slot && lease) slots_.lease(slot->seq);
+        if (slot && !lease) slots_.reserve(slot->seq);
+      }
       if (!slot && !told) {
         // Releases wait in the mailboxes until the I/O thread looks: from
         // now on it asks the consumers to ring it.
@@ -369,14 +381,14 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
     });
   } catch (...) {
     waiting_for_space_ = false;
-    if (slot) ring_->release(slot->seq);
+    if (slot) slots_.abandon(slot->seq);
     throw;
   }
   waiting_for_space_ = false;
   waited = seconds_since(wait_start);
   stats_.wait_seconds += waited;
   if (phase_ != Phase::Serving) {  // stopped, or the stream ended from another thread
-    if (slot) ring_->release(slot->seq);
+    if (slot) slots_.abandon(slot->seq);
     rethrow_io_error();
     check_serving("publish");
   }
@@ -414,8 +426,7 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
     // Nothing was announced: the slot goes back once no copy into it is queued.
     ring_->drain();
     std::lock_guard<std::mutex> lock(mu_);
-    ring_->release(slot.seq);
-    space_.notify_all();
+    slots_.abandon(slot.seq);
     throw;
   }
   announce(batch, slot, layout, start, waited, copied, leased.has_value() && copied == 0);
@@ -426,7 +437,9 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
   std::lock_guard<std::mutex> lock(mu_);
   rethrow_io_error();
   auto it = leases_.find(seq);
-  if (it == leases_.end()) throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
+  if (it == leases_.end() || !slots_.contains(seq) || slots_.state(seq) != SlotLedger::State::Leased) {
+    throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
+  }
   const RingSlot& slot = it->second;
   // The batch takes its lease only if every tensor fits its lane there and
   // none lies in the ring anywhere but its own place: a tensor elsewhere in
@@ -451,6 +464,7 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
   check_serving("publish");
   RingSlot out = std::move(it->second);
   leases_.erase(it);
+  slots_.write(seq);
   publishing_ += 1;  // close() waits for this write before freeing the ring
   return out;
 }
@@ -460,11 +474,11 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
   rethrow_io_error();
   check_serving("lease");
   if (!ring_->allocated() || !ring_->open_host_memory()) return std::nullopt;
-  if (static_cast<int64_t>(leases_.size()) >= limit) return std::nullopt;
+  if (slots_.count(SlotLedger::State::Leased) >= limit) return std::nullopt;
   // Waits for room as a publish would: the batches before this one are out
   // (or leased), so consumers free what this waits for.
   double waited = 0;
-  RingSlot slot = wait_for_slot(lock, first_, waited);
+  RingSlot slot = wait_for_slot(lock, first_, waited, /*lease=*/true);
   if (last_publish_end_) {  // the wait was for consumers, not for the loader
     *last_publish_end_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(waited));
   }
@@ -476,8 +490,7 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
 void Producer::return_lease(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (leases_.erase(seq) == 0) return;
-  ring_->release(seq);
-  space_.notify_all();
+  slots_.abandon(seq);
 }
 
 std::pair<std::byte*, uint64_t> Producer::host_memory() const {
@@ -514,6 +527,7 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   if (in_place) stats_.batches_in_place += 1;
   stats_.publish_seconds += seconds_since(start) - waited;
   last_publish_end_ = Clock::now();
+  slots_.queue(a.seq);
   stream_.push_back(std::move(a));
   wakeup_.notify();
 }
@@ -586,7 +600,7 @@ ProducerStats Producer::stats() const {
   s.resumed = c.resumed;
   s.resumed_next_pass = c.resumed_next_pass;
   s.messages_over_socket = over_socket_.load();
-  s.leases_out = static_cast<int64_t>(leases_.size());
+  s.leases_out = slots_.count(SlotLedger::State::Leased);
   if (ring_) {
     s.slots_in_use = ring_->slots_in_use();
     s.direct_copies = ring_->direct_copies();
@@ -796,14 +810,6 @@ void Producer::apply(Actions actions) {
     if (send.welcome) open_mailbox(send.peer);
   }
   if (actions.members_changed) forget_links();
-  if (!actions.freed.empty()) {
-    freed_since_sweep_ = true;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (uint64_t seq : actions.freed) ring_->release(seq);
-    }
-    space_.notify_all();
-  }
   if (actions.members_changed) members_.notify_all();
   for (const Report& r : actions.reports) tell(r);
   if (!actions.status_requests.empty()) {

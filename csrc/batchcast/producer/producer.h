@@ -32,6 +32,7 @@
 #include "batchcast/common/report.h"
 #include "batchcast/mailbox/mailbox.h"
 #include "batchcast/producer/membership.h"
+#include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
 #include "batchcast/ring/ring.h"
 
@@ -274,7 +275,9 @@ class Producer {
   // publish(): validate -> reserve -> write -> announce.
   Layout validate(const Batch& batch) const;
   RingSlot reserve(const Layout& layout, const Batch& batch, double& waited);
-  RingSlot wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout, double& waited);
+  // A slot for `layout` (waiting for room), in the ledger as leased or reserved.
+  RingSlot wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout, double& waited,
+                         bool lease);
   std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout);
   void note_loader_time();  // under mu_: the time since the last publish was the loader's
   void announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
@@ -316,8 +319,8 @@ class Producer {
   void forget_links();                             // of consumers the membership forgot
   void serve_until_quit();
   Actions deliver(StreamItem& item);  // under mu_
-  void apply(Actions actions);        // sends; then, under mu_, frees slots
-  bool freed_since_sweep_ = false;    // I/O thread: slots went back since the last sweep
+  void apply(Actions actions);        // sends, reports, wakes
+  bool freed_since_sweep_ = false;    // under mu_: slots went back since the last sweep
   void tell(const Report& report) const;
   std::string status_json() const;  // what a StatusRequest gets
 
@@ -334,12 +337,15 @@ class Producer {
   std::atomic<int64_t> over_socket_{0};  // written by the I/O thread
   std::unique_ptr<Ring> ring_;
   Layout first_;                       // of the first batch: what the ring and leases are sized for
-  std::map<uint64_t, RingSlot> leases_;  // under mu_: slots loader workers may be writing
+  std::map<uint64_t, RingSlot> leases_;  // under mu_: where each leased slot lies (its state: slots_)
 
   mutable std::mutex mu_;
   std::condition_variable space_;    // ring space freed, or stopping
   std::condition_variable members_;  // a consumer came or went, or stopping
   std::condition_variable drained_;  // the stream was delivered; a publish ended
+  // Every slot's state; the only code that frees one (it gives the ring its
+  // space back). Declared after ring_ and the condition variables it uses.
+  SlotLedger slots_;
   Membership membership_;
   std::deque<StreamItem> stream_;
   bool waiting_for_space_ = false;

@@ -1,7 +1,8 @@
-"""Proves that the GPU ring's tests can fail: builds batchcast with one
-deliberate bug at a time (a mutant) and runs the simulated-device tests
-against it (tests/python/test_gpu_rules.py). Every mutant must be caught: some
-test must fail. Prints which tests caught which mutant.
+"""Proves that the tests can fail: builds batchcast with one deliberate bug at
+a time (a mutant) and runs the tests meant to catch it against it — for the
+GPU ring the simulated-device tests (tests/python/test_gpu_rules.py), for the
+slot ledger the tests with real consumer processes. Every mutant must be
+caught: some test must fail. Prints which tests caught which mutant.
 
     python tests/mutations/run.py                   # every mutant, against the tests meant to catch it
     python tests/mutations/run.py --all-tests       # ... against every simulated-device test
@@ -28,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # name: (file, [(original text, mutated text), ...], what the bug is, the tests
-# meant to catch it: a pytest -k expression within test_gpu_rules.py)
+# meant to catch it: a pytest -k expression within test_gpu_rules.py, or within
+# the test file given as a fifth element)
 MUTANTS = {
     "ready-without-wait": (
         "csrc/batchcast/consumer/mapped_ring.cpp",
@@ -98,6 +100,13 @@ MUTANTS = {
         "release_after='device' waits only for the streams the batch was taken and freed on",
         "side_stream",
     ),
+    "ledger-frees-on-first-release": (
+        "csrc/batchcast/producer/slot_ledger.cpp",
+        [("  free_if_unheld(it);\n  return true;\n", "  it->second.holders.clear();\n  free_if_unheld(it);\n  return true;\n")],
+        "the slot ledger frees a slot when its first holder releases it, while other consumers still hold it",
+        "keeping_every_batch",
+        "test_processes.py",
+    ),
 }
 
 
@@ -137,7 +146,7 @@ def main() -> int:
     started = time.monotonic()
     copy_source(src)
     for name in names:  # the pristine text must be there, exactly once
-        rel, edits, _, _ = MUTANTS[name]
+        rel, edits = MUTANTS[name][:2]
         for old, _ in edits:
             count = (src / rel).read_text().count(old)
             if count != 1:
@@ -152,7 +161,8 @@ def main() -> int:
 
     results = []
     for name in names:
-        rel, edits, what, targets = MUTANTS[name]
+        rel, edits, what, targets = MUTANTS[name][:4]
+        tests = MUTANTS[name][4] if len(MUTANTS[name]) > 4 else None
         path = src / rel
         pristine = path.read_text()
         t0 = time.monotonic()
@@ -172,10 +182,13 @@ def main() -> int:
             where = "simulated" if args.on == "simulated" else "hardware"  # the runs' ids
             env = {**os.environ, "PYTHONPATH": f"{stage}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                    "BATCHCAST_SIMULATED_SEEDS": args.seeds}
+            if tests is None:  # the GPU ring's rules, on the device asked for
+                select, file = where if args.all_tests else f"{where} and ({targets})", "test_gpu_rules.py"
+            else:
+                select, file = "" if args.all_tests else targets, tests
             proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-                 where if args.all_tests else f"{where} and ({targets})",
-                 f"--junitxml={report}", str(ROOT / "tests" / "python" / "test_gpu_rules.py")],
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select,
+                 f"--junitxml={report}", str(ROOT / "tests" / "python" / file)],
                 env=env, text=True, capture_output=True, cwd=str(ROOT))
             failed = []
             if report.exists():

@@ -1,7 +1,8 @@
 // The producer: publishes each loader batch once into the ring and announces
 // it. A short coordinator over three parts a reader can find by name:
-// the Ring (ring/ring.h: where batches live), the Membership
-// (producer/membership.h: who gets what, who holds what) and one I/O thread
+// the Ring (ring/ring.h: where batches live), the SlotLedger
+// (producer/slot_ledger.h: what each slot is doing; the one place a slot is
+// freed), the Membership (producer/membership.h: who gets what) and one I/O thread
 // that moves bytes between them and the consumers (their mailboxes for the
 // per-batch traffic, the socket for the rest: mailbox/mailbox.h). The caller (the
 // Python package, or a C++ program) drives epochs from one thread.

@@ -328,7 +328,7 @@ def role_producer_cpu(args) -> None:
                     view.copy_(t)
                 start = time.process_time()  # the producer's: its own views of the mirror, then the publish
                 views = in_mirror(offsets, (x, y))
-                core.publish(views, layout, samples, seq)
+                core.publish(views, layout, samples, seq, True)  # written in place
                 cpu += time.process_time() - start
                 del views
             del mirror

@@ -347,23 +347,24 @@ class Leaser:
         self.out.add(seq)
         return Lease(self.pid, fd, ring_bytes, seq, offsets, sizes)
 
-    def unpack(self, batch: Any) -> tuple[Any, int | None]:
-        """(the batch as the producer publishes it, its lease or None)."""
+    def unpack(self, batch: Any) -> tuple[Any, int | None, bool]:
+        """(the batch as the producer publishes it, its lease or None, whether
+        a worker wrote it into that lease)."""
         if isinstance(batch, InRing) and batch.seq in self.out:
             self.out.discard(batch.seq)
             if self._ring is None:
                 self._ring = self.core.host_ring()
-            return materialize(batch.batch, self._ring), batch.seq
+            return materialize(batch.batch, self._ring), batch.seq, True
         if isinstance(batch, Declined) and batch.seq in self.out:
             self.out.discard(batch.seq)
             self.core.return_lease(batch.seq)
-            return batch.batch, None
+            return batch.batch, None, False
         self.unleased = max(0, self.unleased - 1)
-        if self.for_copies:
+        if self.for_copies:  # copied into the slot leased for it
             seq = self.for_copies.popleft()
             self.out.discard(seq)
-            return batch, seq
-        return batch, None
+            return batch, seq, False
+        return batch, None, False
 
     def published(self) -> None:
         """After a publish: once the ring exists (after the first), the

@@ -245,12 +245,12 @@ class Producer:
             for batch in iterator:
                 if self._stop.is_set():
                     raise _C.Stopped("producer stopped")
-                lease = None
+                lease, in_place = None, False
                 if leaser is not None:
-                    batch, lease = leaser.unpack(batch)
+                    batch, lease, in_place = leaser.unpack(batch)
                 try:
                     leaves, layout, samples, self._tree = flatten_after(batch, self._tree)
-                    core.publish(leaves, layout, samples, lease)
+                    core.publish(leaves, layout, samples, lease, in_place)
                 except (TypeError, ValueError) as exc:  # a batch it cannot share
                     raise _CannotShare(f"loader batch {batches}: {exc}") from exc
                 del batch, leaves  # views of the ring: none outlives the producer

@@ -122,13 +122,14 @@ TEST(Cuda, LeasesOfAGpuRingAreInItsPinnedHostMirror) {
     t.copy_(at::arange(start, start + 1000, at::kLong));
     return t;
   };
-  producer.publish(batch(in_mirror(*a, 1000)), a->seq);
+  producer.publish(batch(in_mirror(*a, 1000)), a->seq, /*in_place=*/true);
   ProducerStats s = producer.stats();
   EXPECT_EQ(s.bytes_copied, 8000);  // the first batch's only
   EXPECT_EQ(s.batches_in_place, 1);
   EXPECT_EQ(s.direct_copies, 1);
 
-  // In the mirror but at another lease's place: copied through staging.
+  // Not written in place (here: it lies at another lease's place): copied
+  // into its lease through staging.
   auto b = producer.lease(2);
   auto c = producer.lease(2);
   ASSERT_TRUE(b && c);

@@ -189,8 +189,9 @@ TEST(EndToEnd, TheProducersLifeGoesOneWay) {
 }
 
 // Leases: a loader worker writes a batch into a slot reserved for it, and the
-// producer announces it without copying; anything else is copied, never
-// trusted: a batch larger than its lease, a tensor lying elsewhere in the ring.
+// producer, told so, announces it without copying; anything else is copied
+// (into its lease where it fits); a batch said to be in place that is not
+// where its lease is, is refused.
 TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
   PrivateDir scratch;
   ProducerOptions po{"leases", scratch.path, 4};
@@ -235,7 +236,7 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
     b.leaves[0] = t;
     return b;
   };
-  producer.publish(in_place(*lease, 10, 10), lease->seq);
+  producer.publish(in_place(*lease, 10, 10), lease->seq, true);
   ProducerStats s = producer.stats();
   EXPECT_EQ(s.bytes_copied, 80);
   EXPECT_EQ(s.batches_in_place, 1);
@@ -247,23 +248,36 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
   ASSERT_TRUE(a && b);
   EXPECT_FALSE(producer.lease(2));
   EXPECT_EQ(producer.stats().leases_out, 2);
-  producer.publish(in_place(*a, 20, 4), a->seq);
+  producer.publish(in_place(*a, 20, 4), a->seq, true);
   EXPECT_EQ(producer.stats().batches_in_place, 2);
 
-  // A tensor in the ring but not at its lease's place (here: lease b's) is
-  // copied into a slot of its own, and b stays out.
+  // Said to be in place in lease c, but lying at lease b's place: refused,
+  // and both leases stay out.
   auto c = producer.lease(3);
   ASSERT_TRUE(c);
-  producer.publish(in_place(*b, 24, 10), c->seq);
+  try {
+    producer.publish(in_place(*b, 24, 10), c->seq, true);
+    FAIL() << "a batch that does not lie in its lease was published as in place";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("does not lie there"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(producer.publish(ids(24, 10), std::nullopt, true), InvalidArgument);  // in place, no lease
   s = producer.stats();
-  EXPECT_EQ(s.bytes_copied, 160);
   EXPECT_EQ(s.batches_in_place, 2);
-  EXPECT_EQ(s.leases_out, 1);  // b; c went back after the copy
+  EXPECT_EQ(s.leases_out, 2);
+  producer.return_lease(c->seq);
+  producer.publish(in_place(*b, 24, 10), b->seq, true);
+  s = producer.stats();
+  EXPECT_EQ(s.bytes_copied, 80);
+  EXPECT_EQ(s.batches_in_place, 3);
+  EXPECT_EQ(s.leases_out, 0);
 
   // A batch larger than its lease: copied to a slot of its own, lease back.
-  producer.publish(ids(34, 12), b->seq);
+  auto f = producer.lease(2);
+  ASSERT_TRUE(f);
+  producer.publish(ids(34, 12), f->seq);
   s = producer.stats();
-  EXPECT_EQ(s.bytes_copied, 160 + 96);
+  EXPECT_EQ(s.bytes_copied, 80 + 96);
   EXPECT_EQ(s.leases_out, 0);
 
   // Ordinary memory with a lease: copied into the leased slot.
@@ -271,7 +285,7 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
   ASSERT_TRUE(d);
   producer.publish(ids(46, 10), d->seq);
   s = producer.stats();
-  EXPECT_EQ(s.bytes_copied, 160 + 96 + 80);
+  EXPECT_EQ(s.bytes_copied, 80 + 96 + 80);
   EXPECT_EQ(s.leases_out, 0);
 
   // Naming a lease that is not out is an error; returning one twice is harmless.

@@ -395,12 +395,13 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
   return std::move(*slot);
 }
 
-double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
+double Producer::publish(const Batch& batch, std::optional<uint64_t> lease, bool in_place) {
   const auto start = Clock::now();
   const Layout layout = validate(batch);
   double waited = 0;
   std::optional<RingSlot> leased;
-  if (lease) leased = claim_lease(*lease, batch, layout);
+  if (in_place && !lease) throw InvalidArgument("publish: a batch written in place names no lease");
+  if (lease) leased = claim_lease(*lease, batch, layout, in_place);
   // A lease the batch could not use stays reserved until the copy out of it
   // is done, so nothing else is written over what is being copied.
   struct Unused {
@@ -421,7 +422,7 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
   } done{this};
   uint64_t copied = 0;
   try {
-    copied = ring_->write(batch, slot);
+    copied = ring_->write(batch, slot, in_place);
   } catch (...) {
     // Nothing was announced: the slot goes back once no copy into it is queued.
     ring_->drain();
@@ -429,11 +430,12 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease) {
     slots_.abandon(slot.seq);
     throw;
   }
-  announce(batch, slot, layout, start, waited, copied, leased.has_value() && copied == 0);
+  announce(batch, slot, layout, start, waited, copied, in_place);
   return waited;
 }
 
-std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, const Layout& layout) {
+std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, const Layout& layout,
+                                              bool in_place) {
   std::lock_guard<std::mutex> lock(mu_);
   rethrow_io_error();
   auto it = leases_.find(seq);
@@ -441,25 +443,31 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
     throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
   }
   const RingSlot& slot = it->second;
-  // The batch takes its lease only if every tensor fits its lane there and
-  // none lies in the ring anywhere but its own place: a tensor elsewhere in
-  // the ring (in another lane of this lease, say) could be overwritten by
-  // the copy of another before its own copy.
+  // Copied into its lease if every tensor fits its lane there; else into a
+  // slot of its own (the lease goes back after the copy).
   bool fits = layout.bytes.size() == slot.offsets.size();
-  const std::byte* base = ring_->host_memory();
-  const uint64_t ring_bytes = ring_->bytes();
-  std::size_t lane = 0;
-  for (const Leaf& leaf : batch.leaves) {
-    const auto* t = std::get_if<at::Tensor>(&leaf);
-    if (t == nullptr || !fits) continue;
+  for (std::size_t lane = 0; fits && lane < layout.bytes.size(); ++lane) {
     if (layout.bytes[lane] > first_.bytes[lane] || slot.offsets[lane] % layout.align[lane] != 0) fits = false;
-    const auto* data = static_cast<const std::byte*>(t->data_ptr());
-    const bool in_ring = base != nullptr && t->is_cpu() && t->numel() > 0 && data >= base &&
-                         data < base + ring_bytes;
-    if (in_ring && data != base + slot.offsets[lane]) fits = false;
-    lane += 1;
   }
-  if (!fits) return std::nullopt;
+  if (in_place) {
+    // The caller says a loader worker wrote it into this lease: it must lie
+    // exactly there (a worker only writes what fits its lease).
+    const std::byte* base = ring_->host_memory();
+    std::size_t lane = 0;
+    for (const Leaf& leaf : batch.leaves) {
+      const auto* t = std::get_if<at::Tensor>(&leaf);
+      if (t == nullptr) continue;
+      const bool there = fits && base != nullptr && t->is_cpu() && plain_bytes(*t) &&
+                         (t->numel() == 0 || static_cast<const std::byte*>(t->data_ptr()) == base + slot.offsets[lane]);
+      if (!there) {
+        throw InvalidArgument("publish: the batch said to be written in lease " + std::to_string(seq) +
+                              " does not lie there (tensor " + std::to_string(lane) + ")");
+      }
+      lane += 1;
+    }
+  } else if (!fits) {
+    return std::nullopt;
+  }
   note_loader_time();
   check_serving("publish");
   RingSlot out = std::move(it->second);

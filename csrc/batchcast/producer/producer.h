@@ -197,11 +197,11 @@ class Producer {
   // Copies the batch into the ring (waiting for space) and announces it;
   // returns the seconds spent waiting for space. Throws Stopped, and
   // InvalidArgument for a batch that cannot be shared. With `lease`, the
-  // batch goes to that leased slot (see lease()): its leaves that a loader
-  // worker wrote there in place are not copied. A batch that does not fit
-  // its lease, or points into the ring elsewhere, is copied to a slot of its
-  // own and the lease goes back after the copy.
-  double publish(const Batch& batch, std::optional<uint64_t> lease = std::nullopt);
+  // batch goes to that leased slot (see lease()): with `in_place`, a loader
+  // worker wrote it there and nothing is copied (InvalidArgument if it does
+  // not lie there); otherwise it is copied into the lease, or, if it does
+  // not fit, into a slot of its own and the lease goes back after the copy.
+  double publish(const Batch& batch, std::optional<uint64_t> lease = std::nullopt, bool in_place = false);
 
   // A slot reserved for a batch like the first, for a loader worker to write
   // into (at `offsets`, at most `bytes` per tensor leaf) in the ring's host
@@ -279,7 +279,7 @@ class Producer {
   // A slot for `layout` (waiting for room), in the ledger as leased or reserved.
   RingSlot wait_for_slot(std::unique_lock<std::mutex>& lock, const Layout& layout, double& waited,
                          bool lease);
-  std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout);
+  std::optional<RingSlot> claim_lease(uint64_t seq, const Batch& batch, const Layout& layout, bool in_place);
   void note_loader_time();  // under mu_: the time since the last publish was the loader's
   void announce(const Batch& batch, const RingSlot& slot, const Layout& layout,
                 Clock::time_point start, double waited, uint64_t copied, bool in_place);

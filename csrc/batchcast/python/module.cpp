@@ -403,12 +403,13 @@ PYBIND11_MODULE(_C, m) {
            [](BoundProducer& b, int64_t epoch) { released(b, [&](Producer& p) { p.begin_epoch(epoch); }); })
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
-              std::optional<uint64_t> lease) {
+              std::optional<uint64_t> lease, bool in_place) {
              Batch batch{0, samples, layout, leaves_from_python(leaves)};
              // Seconds spent waiting for ring space.
-             return released(b, [&](Producer& p) { return p.publish(batch, lease); });
+             return released(b, [&](Producer& p) { return p.publish(batch, lease, in_place); });
            },
-           py::arg("leaves"), py::arg("layout"), py::arg("samples"), py::arg("lease") = py::none())
+           py::arg("leaves"), py::arg("layout"), py::arg("samples"), py::arg("lease") = py::none(),
+           py::arg("in_place") = false)
       .def("lease",
            [](BoundProducer& b, int64_t limit) -> py::object {
              std::optional<Producer::Lease> l =

@@ -73,7 +73,7 @@ class CudaRing final : public Ring {
     }
   }
 
-  uint64_t write(const Batch& batch, const RingSlot& slot) override {
+  uint64_t write(const Batch& batch, const RingSlot& slot, bool /*in_place: copied from the mirror*/) override {
     // The copies and event records below, and torch's is_pinned(), run with
     // the ring's device current: in a thread with no current context (a
     // loader thread that never used the GPU) the runtime would otherwise bind

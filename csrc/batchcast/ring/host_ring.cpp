@@ -26,7 +26,8 @@ class HostRing final : public Ring {
 
   void check(const Batch&) const override {}
 
-  uint64_t write(const Batch& batch, const RingSlot& slot) override {
+  uint64_t write(const Batch& batch, const RingSlot& slot, bool in_place) override {
+    if (in_place) return 0;  // a loader worker wrote it here
     uint64_t copied = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
@@ -34,8 +35,6 @@ class HostRing final : public Ring {
       if (t == nullptr) continue;
       std::byte* dst = region_->data() + slot.offsets[lane++];
       if (t->numel() == 0) continue;
-      // Written in place by a loader worker: nothing to copy.
-      if (t->is_cpu() && plain_bytes(*t) && static_cast<std::byte*>(t->data_ptr()) == dst) continue;
       copy_to_host(dst, *t);
       copied += t->nbytes();
     }

@@ -68,10 +68,11 @@ class Ring {
   std::optional<RingSlot> try_reserve(const std::vector<uint64_t>& bytes,
                                       const std::vector<uint64_t>& align);
   // Copies the batch's tensor leaves into its slot. A GPU ring queues the copy
-  // and records the slot's event after it; the call returns meanwhile. A host
-  // ring skips a leaf that already lies where it goes (a loader worker wrote
-  // it there). Returns the bytes copied on the host.
-  virtual uint64_t write(const Batch& batch, const RingSlot& slot) = 0;
+  // and records the slot's event after it; the call returns meanwhile.
+  // `in_place`: a loader worker wrote the batch into this slot of the ring's
+  // host memory: a host ring has nothing to copy, a GPU ring copies it from
+  // its pinned mirror. Returns the bytes copied on the host.
+  virtual uint64_t write(const Batch& batch, const RingSlot& slot, bool in_place) = 0;
   // Nobody references the slot any more: its space (and event) can be reused.
   void release(uint64_t seq);
   // Waits until no copy into the ring is in flight (before freeing it, or

@@ -1,16 +1,19 @@
 """Loader workers write their batches straight into the ring: no host copy.
 
 The producer reserves a ring slot (a *lease*) for each batch its DataLoader
-hands to a worker, and the lease travels with the batch's indices. In the
-worker, `collate` stacks the samples straight into that slot and returns a
-small description of what it wrote instead of tensors; the producer turns it
-back into views of its own mapping of the ring and announces them without
-copying. For a GPU ring the slot is in the ring's pinned host mirror (same
-offsets), and the producer's one host-to-device copy goes from there.
-Whatever cannot go that way (no lease, a batch larger than the first, a
-collate that returns something else) is collated as usual and takes the
-producer's one copy: `Producer.stats()` counts `batches_in_place` and
-`bytes_copied`.
+hands to a worker, and a `RingWriter` for that lease travels with the batch's
+indices (an attribute of the index list). The loader's dataset is wrapped so
+that fetching a batch's samples passes the writer on with them
+(`__getitems__`), and `collate` asks it to `commit` the batch: it stacks the
+samples straight into the slot and returns a small description of what it
+wrote (`InRing`), or says it did not (`Declined`, the batch collated as usual).
+The producer turns an `InRing` back into views of its own mapping of the ring
+and publishes it saying it is in place: nothing is copied. For a GPU ring the
+slot is in the ring's pinned host mirror (same offsets), and the producer's
+one host-to-device copy goes from there. Whatever cannot go that way (no
+lease, a batch larger than the first, a collate that returns something else)
+takes the producer's one copy: `Producer.stats()` counts `batches_in_place`
+and `bytes_copied`.
 """
 
 from __future__ import annotations
@@ -25,41 +28,9 @@ import torch
 
 from ._core import _C
 
-# The lease of the batch this worker collates next: set when the worker
-# receives the batch's indices (unpickling them), taken by `collate`. A worker
-# receives one batch's indices, collates it, then receives the next.
-_arrived: "Lease | None" = None
 # This worker's mapping of the ring it writes into, by (producer pid, fd,
-# inode, size).
+# inode, size): a cache, so that each batch does not map it again.
 _rings: dict[tuple[int, int, int, int], torch.Tensor] = {}
-
-
-class Lease(NamedTuple):
-    """A ring slot reserved for one batch: where each tensor leaf goes."""
-
-    pid: int         # the producer's: the ring is /proc/<pid>/fd/<fd>
-    fd: int
-    ring_bytes: int
-    seq: int
-    offsets: list[int]  # one per tensor leaf, in the order the batch lists them
-    bytes: list[int]    # room at each offset
-
-
-class LeasedIndices(list):  # type: ignore[type-arg]
-    """A batch's sample indices with the lease for its batch (None: none).
-    Unpickled in a worker, it leaves the lease for the worker's `collate`:
-    every batch's indices say, so a lease never outlives its batch there."""
-
-    lease: Lease | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_arrive, (list(self), None if self.lease is None else tuple(self.lease)))
-
-
-def _arrive(indices: list[Any], lease: tuple[Any, ...] | None) -> list[Any]:
-    global _arrived
-    _arrived = None if lease is None else Lease(*lease)
-    return indices
 
 
 class RingTensor(NamedTuple):
@@ -124,7 +95,7 @@ def _map_leaves(node: Any, leaf: Callable[[Any], Any]) -> Any:
     return node
 
 
-def _ring(lease: Lease) -> torch.Tensor:
+def _ring(lease: "RingWriter") -> torch.Tensor:
     path = f"/proc/{lease.pid}/fd/{lease.fd}"
     # By the memory's identity too: a later ring may get the same fd number.
     key = (lease.pid, lease.fd, os.stat(path).st_ino, lease.ring_bytes)
@@ -144,7 +115,7 @@ def _ring(lease: Lease) -> torch.Tensor:
 class _SlotWriter:
     """Hands out the lease's places, one per tensor leaf, in the batch's order."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: "RingWriter") -> None:
         self.lease = lease
         self.ring = _ring(lease)
         self.lane = 0
@@ -200,6 +171,87 @@ def _place(writer: _SlotWriter, node: Any) -> Any:
     return _map_leaves(node, leaf)
 
 
+class RingWriter(NamedTuple):
+    """A ring slot leased for one batch, handed to the loader worker that
+    collates it (with the batch's indices): where each tensor leaf goes, in the
+    memory the producer shares with its workers."""
+
+    pid: int         # the producer's: the ring is /proc/<pid>/fd/<fd>
+    fd: int
+    ring_bytes: int
+    seq: int
+    offsets: list[int]  # one per tensor leaf, in the order the batch lists them
+    bytes: list[int]    # room at each offset
+
+    def commit(self, samples: list[Any], fn: Callable[[list[Any]], Any] | None,
+               plain: Callable[[list[Any]], Any]) -> "InRing | Declined":
+        """Collates `samples` into the slot: with `fn` (a collate of the
+        user's), its tensors are copied there; without, torch's default collate
+        stacks them there. InRing: what was written where; Declined: the batch
+        collated as usual by `plain` (the producer copies it; the lease goes
+        back)."""
+        if fn is not None:
+            batch = fn(samples)  # its errors are the loader's
+            try:
+                return InRing(self.seq, _place(_SlotWriter(self), batch))
+            except Exception:
+                return Declined(self.seq, batch)
+        try:
+            return InRing(self.seq, _default_into(_SlotWriter(self), samples))
+        except Exception:
+            # Whatever kept it out of the ring (a larger batch, a type the
+            # ring cannot hold, an error in the samples), the usual collate
+            # decides: it collates the batch, or raises the loader's error.
+            return Declined(self.seq, plain(samples))
+
+
+class LeasedIndices(list):  # type: ignore[type-arg]
+    """A batch's sample indices, with the writer of the slot leased for the
+    batch (None: none); it travels to the worker with them (pickled)."""
+
+    writer: RingWriter | None = None
+
+
+class Samples(list):  # type: ignore[type-arg]
+    """A batch's samples as fetched in the worker, with the writer its
+    indices came with, for the loader's collate (`collate`)."""
+
+    writer: RingWriter | None = None
+
+
+class WritingDataset:
+    """A map-style dataset as the producer's loader workers see it: the same
+    samples, fetched a batch at a time, handed to the collate together with
+    the writer of the batch's lease (DataLoader's workers call
+    `__getitems__` with a batch's indices and collate what it returns)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        fetch = getattr(self.dataset, "__getitems__", None)
+        samples = fetch(list(indices)) if fetch else [self.dataset[i] for i in indices]
+        writer = getattr(indices, "writer", None)
+        if writer is None or type(samples) is not list:
+            # (a __getitems__ of the dataset's own that returns something
+            # else: collated as it is, and the lease comes back unused)
+            return samples
+        out = Samples(samples)
+        out.writer = writer
+        return out
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "dataset" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["dataset"], name)
+
+
 class collate:
     """A DataLoader collate that writes each batch straight into the producer's
     ring when the producer reserved a slot for it (its loader workers then
@@ -228,23 +280,10 @@ class collate:
         return default_collate(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
-        global _arrived
-        lease, _arrived = _arrived, None
-        if lease is None:
+        writer = getattr(samples, "writer", None)
+        if writer is None:
             return self.plain(samples)
-        if self.fn is not None:
-            batch = self.fn(samples)  # its errors are the loader's
-            try:
-                return InRing(lease.seq, _place(_SlotWriter(lease), batch))
-            except Exception:
-                return Declined(lease.seq, batch)
-        try:
-            return InRing(lease.seq, _default_into(_SlotWriter(lease), samples))
-        except Exception:
-            # Whatever kept it out of the ring (a larger batch, a type the
-            # ring cannot hold, an error in the samples), the usual collate
-            # decides: it collates the batch, or raises the loader's error.
-            return Declined(lease.seq, self.plain(samples))
+        return writer.commit(list(samples), self.fn, self.plain)
 
     def __repr__(self) -> str:
         return f"batchcast.collate({self.fn!r})" if self.fn is not None else "batchcast.collate()"
@@ -265,7 +304,7 @@ class _LeasingBatches:
     def __iter__(self) -> Iterator[Any]:
         for indices in self.batch_sampler:
             leased = LeasedIndices(indices)
-            leased.lease = self.leaser.take()
+            leased.writer = self.leaser.take()
             yield leased
 
     def __len__(self) -> int:
@@ -284,11 +323,14 @@ class Leaser:
     @staticmethod
     def applies(loader: Any) -> bool:
         """Whether the loader's workers can write into the ring: a DataLoader
-        with workers, batches from a batch sampler, the default collate or
-        batchcast.collate, and no iterator started yet."""
-        from torch.utils.data import DataLoader, default_collate
+        with workers over a map-style dataset, batches from a batch sampler,
+        the default collate or batchcast.collate, and no iterator started yet.
+        (An IterableDataset's workers fetch samples without their indices, so
+        a lease cannot reach the collate with them: its batches take the copy.)"""
+        from torch.utils.data import DataLoader, IterableDataset, default_collate
 
         return (isinstance(loader, DataLoader) and loader.num_workers > 0
+                and not isinstance(loader.dataset, IterableDataset)
                 and loader.batch_sampler is not None
                 and (loader.collate_fn is default_collate or isinstance(loader.collate_fn, collate))
                 and getattr(loader, "_iterator", None) is None)
@@ -316,11 +358,14 @@ class Leaser:
         self._ring: torch.Tensor | None = None
         self._collate = loader.collate_fn
         self._batch_sampler = loader.batch_sampler
+        self._dataset = loader.dataset
         if not isinstance(loader.collate_fn, collate):
             loader.collate_fn = collate()
-        # DataLoader refuses to set batch_sampler after construction; the
-        # wrapper keeps its length and attributes, so the loader behaves the same.
+        # DataLoader refuses to set batch_sampler and dataset after
+        # construction; the wrappers keep their lengths and attributes, so the
+        # loader behaves the same.
         object.__setattr__(loader, "batch_sampler", _LeasingBatches(self._batch_sampler, self))
+        object.__setattr__(loader, "dataset", WritingDataset(self._dataset))
 
     def _lease(self) -> tuple[int, int, int, list[int], list[int]] | None:
         if self.core is None or self.off:
@@ -336,7 +381,7 @@ class Leaser:
                           RuntimeWarning, stacklevel=2)
             return None
 
-    def take(self) -> Lease | None:
+    def take(self) -> RingWriter | None:
         if self.core is None:
             return None
         got = self._lease()
@@ -345,7 +390,7 @@ class Leaser:
             return None
         seq, fd, ring_bytes, offsets, sizes = got
         self.out.add(seq)
-        return Lease(self.pid, fd, ring_bytes, seq, offsets, sizes)
+        return RingWriter(self.pid, fd, ring_bytes, seq, offsets, sizes)
 
     def unpack(self, batch: Any) -> tuple[Any, int | None, bool]:
         """(the batch as the producer publishes it, its lease or None, whether
@@ -394,3 +439,4 @@ class Leaser:
         self._ring = None
         self.loader.collate_fn = self._collate
         object.__setattr__(self.loader, "batch_sampler", self._batch_sampler)
+        object.__setattr__(self.loader, "dataset", self._dataset)

@@ -12,25 +12,6 @@ from ._structure import unflatten
 if TYPE_CHECKING:
     from typing import TypedDict
 
-    class _Options(TypedDict):
-        """The keyword options of _C.Consumer a Consumer keeps (to reconnect)."""
-
-        name: str
-        batch_size: int | None
-        drop_last: bool
-        timeout: float
-        runtime_dir: str
-        catch_up: bool
-        placement: _C.Placement
-        cuda_device: int
-        release_after: _C.ReleaseAfter
-        group: str
-        rank: int
-        world_size: int
-        empty_past_last_epoch: bool
-        writable: bool
-        shared_gpu_views: bool
-
     class _Resume(TypedDict, total=False):
         resume_epoch: int
         resume_position: int
@@ -239,7 +220,8 @@ class Consumer:
         if device is not None:
             kind, cuda_device = parse_device(device, "device")
             placement = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
-        self._options: _Options = dict(
+        # _C.Consumer's keywords (its options list; kept to reconnect).
+        self._options: dict[str, Any] = dict(
             name=name,
             batch_size=batch_size,
             drop_last=self.drop_last,

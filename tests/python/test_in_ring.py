@@ -182,6 +182,7 @@ def test_a_batch_larger_than_the_first_is_collated_as_usual_and_copied(runtime_d
     narrow, wide = 16 * (3 * 4 * 4 + 16), 16 * (3 * 6 * 4 + 16)
     assert stats["bytes_copied"] == first_copies(loader) * narrow + 4 * wide, stats
     assert stats["leases_out"] == 0
+    assert stats["leases_returned"] == 4, stats  # the wide batches' leases came back unused
 
 
 PRODUCER = """

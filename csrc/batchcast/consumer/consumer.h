@@ -18,6 +18,7 @@
 #include <c10/core/Device.h>
 
 #include "batchcast/common/batch.h"
+#include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
@@ -50,130 +51,93 @@ enum class Placement {
   Cuda,  // GPU `cuda_device`: views on the producer's GPU, else one peer copy
 };
 
+// Every option of a consumer: X(type, name, default). The fields, visit(), the
+// Python binding's keywords and defaults, and its stub come from this list.
+#define BATCHCAST_CONSUMER_OPTIONS(X)                                                      \
+  X(std::string, name, "")                                                                 \
+  /* samples per batch; none: the producer's loader batches as they are */                \
+  X(std::optional<int64_t>, batch_size, std::nullopt)                                      \
+  X(bool, drop_last, false)                                                                \
+  X(double, timeout, 30.0) /* seconds to wait for the producer to answer */               \
+  X(bool, catch_up, false) /* joining mid-epoch: that epoch from its start, if retained */ \
+  X(std::string, runtime_dir, "") /* empty: the per-user default */                        \
+  X(Placement, placement, Placement::Auto)                                                 \
+  X(int, cuda_device, -1) /* with Placement::Cuda */                                       \
+  /* GPU batches: a slot goes back once the streams that used the batch are past   */     \
+  /* it (Stream), or once the whole device is (Device: batches also used on side  */      \
+  /* streams)                                                                      */     \
+  X(MappedRing::ReleaseAfter, release_after, MappedRing::ReleaseAfter::Stream)             \
+  /* One rank of a consumer group (world_size > 0): of each world_size *            */    \
+  /* batch_size consecutive samples of the stream this rank takes the rank-th       */    \
+  /* batch_size; the group starts once every rank is present.                       */    \
+  X(std::string, group, "")                                                                \
+  X(int32_t, rank, 0)                                                                      \
+  X(int32_t, world_size, 0)                                                                \
+  /* Resume (resume_epoch >= 0): continue the producer's epoch resume_epoch at      */    \
+  /* sample position resume_position of its stream (a saved position()).            */    \
+  X(int64_t, resume_epoch, -1)                                                             \
+  X(int64_t, resume_position, 0)                                                           \
+  /* An epoch asked for after the producer served all its epochs: empty (true), or  */    \
+  /* EpochsExhausted (false: a training loop must not quietly get nothing).         */    \
+  X(bool, empty_past_last_epoch, false)                                                    \
+  /* Batches the caller may modify: each batch handed out is a private copy (else  */     \
+  /* a view of shared memory: read-only on the host).                               */    \
+  X(bool, writable, false)                                                                 \
+  /* A GPU ring's batches as zero-copy views of the producer's memory, which every  */    \
+  /* consumer on that GPU shares and none may modify (CUDA IPC maps it writable:    */    \
+  /* nothing stops an in-place op). Without it, each batch is a private copy on     */    \
+  /* the GPU, made on the current stream.                                           */    \
+  X(bool, shared_gpu_views, false)
+
 struct ConsumerOptions {
-  std::string name;
-  // Samples per batch; none: the producer's loader batches as they are.
-  std::optional<int64_t> batch_size;
-  bool drop_last = false;
-  double timeout = 30.0;    // seconds to wait for the producer to answer
-  bool catch_up = false;    // joining mid-epoch: that epoch from its start, if retained
-  std::string runtime_dir;  // empty: the per-user default
-  Placement placement = Placement::Auto;
-  int cuda_device = -1;     // with Placement::Cuda
-  // GPU batches: a slot goes back once the streams that used the batch are
-  // past it (Stream), or once the whole device is (Device: for batches also
-  // used on side streams).
-  MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
-  // One rank of a consumer group (world_size > 0): of each world_size *
-  // batch_size consecutive samples of the stream this rank takes the rank-th
-  // batch_size; the group starts once every rank is present.
-  std::string group;
-  int32_t rank = 0;
-  int32_t world_size = 0;
-  // Resume (resume_epoch >= 0): continue the producer's epoch resume_epoch at
-  // sample position resume_position of its stream (a saved position()).
-  int64_t resume_epoch = -1;
-  int64_t resume_position = 0;
-  // An epoch asked for after the producer served all its epochs: empty (true),
-  // or EpochsExhausted (false: a training loop must not quietly get nothing).
-  bool empty_past_last_epoch = false;
-  // Batches the caller may modify: each batch handed out is a private copy
-  // (else a view of shared memory: read-only on the host).
-  bool writable = false;
-  // A GPU ring's batches as zero-copy views of the producer's memory, which
-  // every consumer on that GPU shares and none may modify (CUDA IPC maps it
-  // writable: nothing stops an in-place op). Without it, each batch is a
-  // private copy on the GPU, made on the current stream.
-  bool shared_gpu_views = false;
+  BATCHCAST_FIELDS(BATCHCAST_CONSUMER_OPTIONS)
   Reporter reporter;        // where warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
   std::function<void()> interrupt;
 
-  template <typename Visit>
-  void visit(Visit&& v) {
-    v("name", name);
-    v("batch_size", batch_size);
-    v("drop_last", drop_last);
-    v("timeout", timeout);
-    v("catch_up", catch_up);
-    v("runtime_dir", runtime_dir);
-    v("placement", placement);
-    v("cuda_device", cuda_device);
-    v("release_after", release_after);
-    v("group", group);
-    v("rank", rank);
-    v("world_size", world_size);
-    v("resume_epoch", resume_epoch);
-    v("resume_position", resume_position);
-    v("empty_past_last_epoch", empty_past_last_epoch);
-    v("writable", writable);
-    v("shared_gpu_views", shared_gpu_views);
-  }
+  BATCHCAST_VISIT(BATCHCAST_CONSUMER_OPTIONS)
 };
 
-struct ConsumerStats {
-  uint64_t id = 0;
-  int64_t epoch = -1;
-  int64_t batches = 0;          // handed to the caller
-  int64_t samples = 0;
-  int64_t loader_batches = 0;   // announcements received
-  int64_t views = 0;            // tensors that are views of shared memory
-  int64_t copies = 0;           // tensors concatenated across a ring wrap or a spill
-  int64_t spills = 0;           // times pending samples were copied out of the ring
-  int64_t private_copies = 0;   // loader batches copied because kept batches pinned our share
-  // Batches handed out as private copies of shared memory (writable, or GPU
-  // batches without shared_gpu_views).
-  int64_t batch_copies = 0;
-  int64_t slots_held = 0;       // ring slots this process still references
-  int64_t slots_pinned = 0;     // of those, slots of batches kept beyond the current one
-  int32_t pin_budget = 0;       // slots it may pin before taking private copies
-  int64_t dropped_messages = 0; // malformed or unexpected messages (or mailbox records) ignored
-  // Whether announcements and releases go through the mailbox in shared
-  // memory (false: over the socket; the producer could not give one).
-  bool mailbox = false;
-  std::string device;           // where batches are handed out: "cpu", "cuda:N"
-  // How loader batches get there: "shared-memory" (host views), "view" (GPU
-  // views, zero copies), "peer" (one GPU-to-GPU copy), "host-staged" (one copy
-  // through host memory), "device-to-host" (one copy to host memory).
-  std::string transfer;
-  int64_t ipc_memory_opens = 0; // CUDA IPC memory handles opened (one per ring allocation)
-  int64_t ipc_event_opens = 0;  // CUDA IPC event handles opened (once, at join)
-  int64_t transfers = 0;        // loader batches copied to this consumer's device
-  uint64_t ring_address = 0;    // where the ring is mapped in this process (0: not mapped)
-  uint64_t ring_bytes = 0;
-  std::string loader;           // the producer's description of its loader
-  // How it resumed: "" (it did not), "exact", or "next-pass" (the producer
-  // no longer held its position: those positions of the next pass instead).
-  std::string resumed;
+// What a consumer did so far (Consumer::stats()).
+#define BATCHCAST_CONSUMER_STATS(X)                                                          \
+  X(uint64_t, id, 0)                                                                         \
+  X(int64_t, epoch, -1)                                                                      \
+  X(int64_t, batches, 0)          /* handed to the caller */                                 \
+  X(int64_t, samples, 0)                                                                     \
+  X(int64_t, loader_batches, 0)   /* announcements received */                               \
+  X(int64_t, views, 0)            /* tensors that are views of shared memory */              \
+  X(int64_t, copies, 0)           /* tensors concatenated across a ring wrap or a spill */   \
+  X(int64_t, spills, 0)           /* times pending samples were copied out of the ring */    \
+  X(int64_t, private_copies, 0)   /* loader batches copied: kept batches pinned our share */ \
+  /* batches handed out as private copies of shared memory (writable, or GPU     */          \
+  /* batches without shared_gpu_views)                                            */         \
+  X(int64_t, batch_copies, 0)                                                                \
+  X(int64_t, slots_held, 0)       /* ring slots this process still references */             \
+  X(int64_t, slots_pinned, 0)     /* of those, slots of batches kept beyond the current */   \
+  X(int32_t, pin_budget, 0)       /* slots it may pin before taking private copies */        \
+  X(int64_t, dropped_messages, 0) /* malformed or unexpected messages ignored */             \
+  /* whether announcements and releases go through the mailbox in shared memory  */          \
+  /* (false: over the socket; the producer could not give one)                    */         \
+  X(bool, mailbox, false)                                                                    \
+  X(std::string, device, "")      /* where batches are handed out: "cpu", "cuda:N" */        \
+  /* how loader batches get there: "shared-memory" (host views), "view" (GPU      */         \
+  /* views, zero copies), "peer" (one GPU-to-GPU copy), "host-staged" (one copy   */         \
+  /* through host memory), "device-to-host" (one copy to host memory)             */         \
+  X(std::string, transfer, "")                                                               \
+  X(int64_t, ipc_memory_opens, 0) /* CUDA IPC memory handles opened (one per ring) */        \
+  X(int64_t, ipc_event_opens, 0)  /* CUDA IPC event handles opened (once, at join) */        \
+  X(int64_t, transfers, 0)        /* loader batches copied to this consumer's device */      \
+  X(uint64_t, ring_address, 0)    /* where the ring is mapped here (0: not mapped) */        \
+  X(uint64_t, ring_bytes, 0)                                                                 \
+  X(std::string, loader, "")      /* the producer's description of its loader */             \
+  /* how it resumed: "" (it did not), "exact", or "next-pass" (the producer no    */         \
+  /* longer held its position: those positions of the next pass instead)         */         \
+  X(std::string, resumed, "")
 
-  template <typename Visit>
-  void visit(Visit&& v) const {
-    v("id", id);
-    v("epoch", epoch);
-    v("batches", batches);
-    v("samples", samples);
-    v("loader_batches", loader_batches);
-    v("views", views);
-    v("copies", copies);
-    v("spills", spills);
-    v("private_copies", private_copies);
-    v("batch_copies", batch_copies);
-    v("slots_held", slots_held);
-    v("slots_pinned", slots_pinned);
-    v("pin_budget", pin_budget);
-    v("dropped_messages", dropped_messages);
-    v("mailbox", mailbox);
-    v("device", device);
-    v("transfer", transfer);
-    v("ipc_memory_opens", ipc_memory_opens);
-    v("ipc_event_opens", ipc_event_opens);
-    v("transfers", transfers);
-    v("ring_address", ring_address);
-    v("ring_bytes", ring_bytes);
-    v("loader", loader);
-    v("resumed", resumed);
-  }
+struct ConsumerStats {
+  BATCHCAST_FIELDS(BATCHCAST_CONSUMER_STATS)
+  BATCHCAST_VISIT(BATCHCAST_CONSUMER_STATS)
 };
 
 class Consumer {

@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
 #include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
@@ -67,34 +68,44 @@ struct MembershipOptions {
   std::string loader;             // the loader's description, for resuming consumers
 };
 
+// What the producer knows of one consumer (in its stats and `batchcast status`).
+#define BATCHCAST_CONSUMER_INFO(X)                                                               \
+  X(uint64_t, id, 0)                                                                             \
+  X(int64_t, pid, 0)                                                                             \
+  X(int64_t, batch_size, 0)    /* its own (0: the loader's batches as they are) */               \
+  X(int64_t, first_epoch, 0)                                                                     \
+  X(int64_t, slots_held, 0)    /* slots it has not released (announced, queued or referenced) */ \
+  X(int64_t, slots_pinned, 0)  /* of those, slots it has moved past: batches it keeps */         \
+  X(int64_t, lag, 0)           /* of those, batches sent that it has not consumed yet */         \
+  X(int64_t, batches_sent, 0)                                                                    \
+  X(double, stall_seconds, 0)  /* time the producer waited for ring space because of it */       \
+  X(bool, holding_up, false)   /* the producer waits for ring space because of it, now */        \
+  X(bool, leaving, false)      /* said goodbye or was evicted: gets nothing more */              \
+  X(std::string, group, "")    /* its consumer group ("" none), rank and world size */           \
+  X(int32_t, rank, 0)                                                                            \
+  X(int32_t, world_size, 0)                                                                      \
+  X(bool, waiting_for_group, false) /* its group is not complete yet: gets no batches */
+
 struct ConsumerInfo {
-  uint64_t id = 0;
-  int64_t pid = 0;
-  int64_t batch_size = 0;    // its own (0: the loader's batches as they are)
-  int64_t first_epoch = 0;
-  int64_t slots_held = 0;    // slots it has not released (announced, queued or referenced)
-  int64_t slots_pinned = 0;  // of those, slots it has moved past: batches it keeps
-  int64_t lag = 0;           // of those, batches sent that it has not consumed yet
-  int64_t batches_sent = 0;
-  double stall_seconds = 0;  // time the producer waited for ring space because of it
-  bool holding_up = false;   // the producer waits for ring space because of it, now
-  bool leaving = false;      // said goodbye or was evicted: gets nothing more
-  std::string group;         // its consumer group ("" none), rank and world size
-  int32_t rank = 0;
-  int32_t world_size = 0;
-  bool waiting_for_group = false;  // its group is not complete yet: gets no batches
+  BATCHCAST_FIELDS(BATCHCAST_CONSUMER_INFO)
+  BATCHCAST_VISIT(BATCHCAST_CONSUMER_INFO)
 };
 
+// The membership's counters (also the producer's statistics of those names).
+#define BATCHCAST_MEMBERSHIP_COUNTERS(X)                                           \
+  X(int64_t, joins, 0)                                                             \
+  X(int64_t, leaves, 0)            /* said goodbye */                              \
+  X(int64_t, crashes, 0)           /* vanished without goodbye */                  \
+  X(int64_t, evictions, 0)         /* stragglers removed (straggler_timeout) */    \
+  X(int64_t, refused, 0)           /* other protocol versions */                   \
+  X(int64_t, dropped_messages, 0)  /* malformed or unexpected */                   \
+  X(int64_t, groups_broken, 0)     /* consumer groups ended by a rank that went */ \
+  X(int64_t, resumed, 0)           /* consumers (or groups) that resumed exactly */\
+  X(int64_t, resumed_next_pass, 0) /* ... the rest of their epoch from the next pass */
+
 struct MembershipCounters {
-  int64_t joins = 0;
-  int64_t leaves = 0;            // said goodbye
-  int64_t crashes = 0;           // vanished without goodbye
-  int64_t evictions = 0;         // stragglers removed (straggler_timeout)
-  int64_t refused = 0;           // other protocol versions
-  int64_t dropped_messages = 0;  // malformed or unexpected
-  int64_t groups_broken = 0;     // consumer groups ended by a rank that went
-  int64_t resumed = 0;           // consumers (or groups) that resumed exactly
-  int64_t resumed_next_pass = 0; // ... that got the rest of their epoch from the next pass
+  BATCHCAST_FIELDS(BATCHCAST_MEMBERSHIP_COUNTERS)
+  BATCHCAST_VISIT(BATCHCAST_MEMBERSHIP_COUNTERS)
 };
 
 // What one event asks of the I/O loop and of the ring.

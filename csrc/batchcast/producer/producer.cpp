@@ -499,6 +499,7 @@ void Producer::return_lease(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (leases_.erase(seq) == 0) return;
   slots_.abandon(seq);
+  stats_.leases_returned += 1;
 }
 
 std::pair<std::byte*, uint64_t> Producer::host_memory() const {
@@ -598,15 +599,9 @@ ProducerStats Producer::stats() const {
   s.epoch = epoch_;
   s.epochs_done = epochs_done_;
   const MembershipCounters& c = membership_.counters();
-  s.joins = c.joins;
-  s.leaves = c.leaves;
-  s.crashes = c.crashes;
-  s.evictions = c.evictions;
-  s.refused = c.refused;
-  s.dropped_messages = c.dropped_messages;
-  s.groups_broken = c.groups_broken;
-  s.resumed = c.resumed;
-  s.resumed_next_pass = c.resumed_next_pass;
+#define BATCHCAST_COPY_COUNTER(type, name, init) s.name = c.name;
+  BATCHCAST_MEMBERSHIP_COUNTERS(BATCHCAST_COPY_COUNTER)
+#undef BATCHCAST_COPY_COUNTER
   s.messages_over_socket = over_socket_.load();
   s.leases_out = slots_.count(SlotLedger::State::Leased);
   if (ring_) {
@@ -840,7 +835,7 @@ std::string Producer::status_json() const {
       w.key(name).begin_array();
       for (const ConsumerInfo& c : value) {
         w.begin_object();
-        visit(c, [&](const char* k, const auto& v) { w.field(k, v); });
+        c.visit([&](const char* k, const auto& v) { w.field(k, v); });
         w.end_object();
       }
       w.end_array();

@@ -30,6 +30,7 @@
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/endpoint.h"
+#include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
 #include "batchcast/mailbox/mailbox.h"
 #include "batchcast/producer/membership.h"
@@ -39,143 +40,79 @@
 
 namespace batchcast {
 
+// Every option of a producer: X(type, name, default). The fields, visit(), the
+// Python binding's keywords and defaults, and its stub come from this list.
+#define BATCHCAST_PRODUCER_OPTIONS(X)                                                         \
+  X(std::string, name, "")                                                                    \
+  X(std::string, runtime_dir, "")      /* empty: the per-user default */                      \
+  X(int64_t, slots, 8)                 /* the ring holds this many batches like the first */  \
+  X(uint64_t, ring_bytes, 0)           /* lower bound on the ring's size */                   \
+  X(int64_t, samples_per_epoch, -1)    /* -1 unknown; learned after the first epoch */        \
+  X(int64_t, batches_per_epoch, -1)    /* loader batches per epoch; -1 unknown */             \
+  /* Evict a consumer that leaves a batch unconsumed this many seconds while the    */        \
+  /* producer waits for ring space; none: wait for the slowest.                     */        \
+  X(std::optional<double>, straggler_timeout, std::nullopt)                                   \
+  /* First batches of each epoch kept for catch-up joins; none: slots / 2. */                 \
+  X(std::optional<int64_t>, catch_up_window, std::nullopt)                                    \
+  X(int, cuda_device, -1)              /* >= 0: the ring is GPU memory on this device */      \
+  X(double, linger, 30.0) /* GPU ring: seconds close() waits for consumers to unmap it */     \
+  /* What the loader is (its type, length, batch size, seed when known): told to    */        \
+  /* consumers, whose saved state says which loader it belongs to.                  */        \
+  X(std::string, loader, "")
+
 struct ProducerOptions {
-  std::string name;
-  std::string runtime_dir;         // empty: the per-user default
-  int64_t slots = 8;               // the ring holds this many batches the size of the first
-  uint64_t ring_bytes = 0;         // lower bound on the ring's size
-  int64_t samples_per_epoch = -1;  // -1 unknown; learned after the first epoch
-  int64_t batches_per_epoch = -1;  // loader batches per epoch; -1 unknown
-  // Evict a consumer that leaves a batch unconsumed this many seconds while
-  // the producer waits for ring space; none: wait for the slowest.
-  std::optional<double> straggler_timeout;
-  // First batches of each epoch kept for catch-up joins; none: slots / 2.
-  std::optional<int64_t> catch_up_window;
-  int cuda_device = -1;            // >= 0: the ring is GPU memory on this device
-  double linger = 30.0;            // GPU ring: seconds close() waits for consumers to unmap it
-  // What the loader is (its type, length, batch size, seed when known): told
-  // to consumers, whose saved state says which loader it belongs to.
-  std::string loader;
+  BATCHCAST_FIELDS(BATCHCAST_PRODUCER_OPTIONS)
   Reporter reporter;               // where events and warnings go (none: nowhere)
   // Called about every 100 ms on the caller's thread while a call blocks; it
   // may throw to abandon the call (the Python binding checks for signals).
   std::function<void()> interrupt;
 
-  // Every plain field, for bindings that convert options generically.
-  template <typename Visit>
-  void visit(Visit&& v) {
-    v("name", name);
-    v("runtime_dir", runtime_dir);
-    v("slots", slots);
-    v("ring_bytes", ring_bytes);
-    v("samples_per_epoch", samples_per_epoch);
-    v("batches_per_epoch", batches_per_epoch);
-    v("straggler_timeout", straggler_timeout);
-    v("catch_up_window", catch_up_window);
-    v("cuda_device", cuda_device);
-    v("linger", linger);
-    v("loader", loader);
-  }
+  BATCHCAST_VISIT(BATCHCAST_PRODUCER_OPTIONS)
 };
+
+// What a producer did so far (Producer::stats(), and `batchcast status`).
+#define BATCHCAST_PRODUCER_STATS(X)                                                           \
+  X(std::string, name, "")                                                                    \
+  X(int64_t, pid, 0)                                                                          \
+  X(double, uptime_seconds, 0)                                                                \
+  X(int64_t, epoch, -1)         /* in progress (or last begun) */                             \
+  X(int64_t, epochs_done, 0)                                                                  \
+  X(int64_t, batches_published, 0)                                                            \
+  X(int64_t, samples_published, 0)                                                            \
+  X(int64_t, bytes_published, 0)                                                              \
+  X(double, publish_seconds, 0) /* copying into the ring and announcing */                    \
+  X(double, wait_seconds, 0)    /* waiting for ring space (the slowest consumer) */           \
+  X(double, loader_seconds, 0)  /* between publishes within an epoch: the loader */           \
+  /* What the producer waits for right now ("loader", "consumers" for ring space,   */        \
+  /* "joins" for consumers_wanted consumers before it begins, or "") and for how    */        \
+  /* long so far (the counters above grow only when a wait ends).                   */        \
+  X(std::string, waiting_for, "")                                                             \
+  X(double, waiting_seconds, 0)                                                               \
+  X(int64_t, consumers_wanted, 0)                                                             \
+  BATCHCAST_MEMBERSHIP_COUNTERS(X)                                                            \
+  X(uint64_t, ring_bytes, 0)                                                                  \
+  X(std::string, ring_device, "") /* "cpu" or "cuda:N" */                                     \
+  /* GPU ring: tensors copied straight from pinned loader memory */                           \
+  X(int64_t, direct_copies, 0)                                                                \
+  /* Host bytes the producer copied into the ring (or a GPU ring's staging), and    */        \
+  /* batches that needed no copy: a loader worker wrote them in place.              */        \
+  X(int64_t, bytes_copied, 0)                                                                 \
+  X(int64_t, batches_in_place, 0)                                                             \
+  X(int64_t, leases_out, 0) /* slots reserved for loader workers right now */                 \
+  /* leases that came back unused: batches a worker could not write in place    */            \
+  /* (larger than the first, a collate's odd output) or never sent back          */            \
+  X(int64_t, leases_returned, 0)                                                              \
+  /* Messages too large for a consumer's mailbox, sent over the socket in their     */        \
+  /* place (a marker in the mailbox keeps their order).                             */        \
+  X(int64_t, messages_over_socket, 0)                                                         \
+  X(int64_t, slots_in_use, 0)                                                                 \
+  X(int32_t, pin_budget, 0) /* slots each consumer may pin with batches it keeps */           \
+  X(std::vector<ConsumerInfo>, consumers, {})
 
 struct ProducerStats {
-  std::string name;
-  int64_t pid = 0;
-  double uptime_seconds = 0;
-  int64_t epoch = -1;           // in progress (or last begun)
-  int64_t epochs_done = 0;
-  int64_t batches_published = 0;
-  int64_t samples_published = 0;
-  int64_t bytes_published = 0;
-  double publish_seconds = 0;  // copying into the ring and announcing
-  double wait_seconds = 0;     // waiting for ring space (the slowest consumer)
-  double loader_seconds = 0;   // between publishes within an epoch: waiting for the loader
-  // What the producer waits for right now ("loader", "consumers" for ring
-  // space, "joins" for consumers_wanted consumers before it begins, or "")
-  // and for how long so far (the counters above grow only when a wait ends).
-  std::string waiting_for;
-  double waiting_seconds = 0;
-  int64_t consumers_wanted = 0;
-  int64_t joins = 0;
-  int64_t leaves = 0;
-  int64_t crashes = 0;
-  int64_t evictions = 0;
-  int64_t refused = 0;
-  int64_t dropped_messages = 0;
-  int64_t groups_broken = 0;
-  int64_t resumed = 0;
-  int64_t resumed_next_pass = 0;
-  uint64_t ring_bytes = 0;
-  std::string ring_device;  // "cpu" or "cuda:N"
-  int64_t direct_copies = 0;  // GPU ring: tensors copied straight from pinned loader memory
-  // Host bytes the producer copied into the ring (or a GPU ring's staging),
-  // and batches that needed no copy: a loader worker wrote them in place.
-  int64_t bytes_copied = 0;
-  int64_t batches_in_place = 0;
-  int64_t leases_out = 0;  // slots reserved for loader workers right now
-  // Messages too large for a consumer's mailbox, sent over the socket in
-  // their place (a marker in the mailbox keeps their order).
-  int64_t messages_over_socket = 0;
-  int64_t slots_in_use = 0;
-  int32_t pin_budget = 0;   // slots each consumer may pin with batches it keeps
-  std::vector<ConsumerInfo> consumers;
-
-  template <typename Visit>
-  void visit(Visit&& v) const {
-    v("name", name);
-    v("pid", pid);
-    v("uptime_seconds", uptime_seconds);
-    v("epoch", epoch);
-    v("epochs_done", epochs_done);
-    v("batches_published", batches_published);
-    v("samples_published", samples_published);
-    v("bytes_published", bytes_published);
-    v("publish_seconds", publish_seconds);
-    v("wait_seconds", wait_seconds);
-    v("loader_seconds", loader_seconds);
-    v("waiting_for", waiting_for);
-    v("waiting_seconds", waiting_seconds);
-    v("consumers_wanted", consumers_wanted);
-    v("joins", joins);
-    v("leaves", leaves);
-    v("crashes", crashes);
-    v("evictions", evictions);
-    v("refused", refused);
-    v("dropped_messages", dropped_messages);
-    v("groups_broken", groups_broken);
-    v("resumed", resumed);
-    v("resumed_next_pass", resumed_next_pass);
-    v("ring_bytes", ring_bytes);
-    v("ring_device", ring_device);
-    v("direct_copies", direct_copies);
-    v("bytes_copied", bytes_copied);
-    v("batches_in_place", batches_in_place);
-    v("leases_out", leases_out);
-    v("messages_over_socket", messages_over_socket);
-    v("slots_in_use", slots_in_use);
-    v("pin_budget", pin_budget);
-    v("consumers", consumers);
-  }
+  BATCHCAST_FIELDS(BATCHCAST_PRODUCER_STATS)
+  BATCHCAST_VISIT(BATCHCAST_PRODUCER_STATS)
 };
-
-template <typename Visit>
-void visit(const ConsumerInfo& c, Visit&& v) {
-  v("id", c.id);
-  v("pid", c.pid);
-  v("batch_size", c.batch_size);
-  v("first_epoch", c.first_epoch);
-  v("slots_held", c.slots_held);
-  v("slots_pinned", c.slots_pinned);
-  v("lag", c.lag);
-  v("batches_sent", c.batches_sent);
-  v("stall_seconds", c.stall_seconds);
-  v("holding_up", c.holding_up);
-  v("leaving", c.leaving);
-  v("group", c.group);
-  v("rank", c.rank);
-  v("world_size", c.world_size);
-  v("waiting_for_group", c.waiting_for_group);
-}
 
 class Producer {
  public:

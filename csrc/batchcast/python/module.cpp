@@ -1,6 +1,6 @@
 // batchcast._C: converts between Python objects and the C++ core, nothing
-// more. Options cross as typed keyword arguments, statistics by one generic
-// path (their visit() list); errors keep their type; reports of the core
+// more. Options cross as keyword arguments and statistics as dicts, both by
+// one generic path (their visit() list, declared once: common/fields.h); errors keep their type; reports of the core
 // reach the Python handler on the caller's thread; blocking calls release the
 // GIL and check for signals about every 100 ms.
 #include <Python.h>
@@ -165,40 +165,76 @@ void bind_simulated(py::module_& m) {
 
 // ---- options in, statistics out ---------------------------------------------
 
-// The constructors take every option as a typed keyword argument, defaults
-// from the core's own; this check (at import) reads the names a constructor
-// was bound with from its signature and holds them, in order, to the
-// options' visit() list, so a new option does not go unbound.
-std::vector<std::string> keyword_names(const py::object& cls) {
-  // pybind11 renders it "__init__(self: T, *, name: str, slots: int = 8, ...) -> None".
-  const std::string doc = py::str(cls.attr("__init__").attr("__doc__"));
-  const auto star = doc.find("*, ");
-  const auto end = doc.rfind(") -> None");
-  std::vector<std::string> names;
-  if (star == std::string::npos || end == std::string::npos || end < star) return names;
-  const std::string params = doc.substr(star + 1, end - star - 1);  // ", name: str, ..."
-  for (auto at = params.find(", "); at != std::string::npos; at = params.find(", ", at + 2)) {
-    auto i = at + 2;
-    while (i < params.size() && (std::isalnum(static_cast<unsigned char>(params[i])) || params[i] == '_')) ++i;
-    if (i > at + 2 && params.compare(i, 2, ": ") == 0) names.push_back(params.substr(at + 2, i - at - 2));
+// The constructors take every option as a keyword argument: the options'
+// visit() list (their one declaration, common/fields.h) gives the names, the
+// types each value is converted to and checked against, and the defaults.
+// `options()` tells Python the same list, from which the stub's constructors
+// are written and checked (scripts/stubs.py).
+template <typename T>
+struct PyType {
+  static std::string name() {
+    if constexpr (std::is_same_v<T, std::string>) return "str";
+    else if constexpr (std::is_same_v<T, bool>) return "bool";
+    else if constexpr (std::is_integral_v<T>) return "int";
+    else if constexpr (std::is_floating_point_v<T>) return "float";
+    else if constexpr (std::is_same_v<T, Placement>) return "Placement";
+    else if constexpr (std::is_same_v<T, MappedRing::ReleaseAfter>) return "ReleaseAfter";
+    else static_assert(sizeof(T) == 0, "an option of a type the binding cannot name");
   }
-  return names;
+};
+template <typename T>
+struct PyType<std::optional<T>> {
+  static std::string name() { return PyType<T>::name() + " | None"; }
+};
+
+template <typename Options>
+std::string option_names() {
+  std::string out;
+  Options().visit([&](const char* name, auto&) { out += (out.empty() ? "" : ", ") + std::string(name); });
+  return out;
 }
 
 template <typename Options>
-void check_bound(const char* what, const py::object& cls) {
-  std::vector<std::string> fields;
-  Options().visit([&](const char* name, auto&) { fields.emplace_back(name); });
-  const std::vector<std::string> bound = keyword_names(cls);
-  if (bound != fields) {
-    auto join = [](const std::vector<std::string>& v) {
-      std::string s;
-      for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-      return s;
-    };
-    throw std::logic_error(std::string("batchcast._C binds ") + what + "(" + join(bound) +
-                           ") out of step with its options' visit() list (" + join(fields) + ")");
+Options options_from(const char* what, const py::kwargs& given) {
+  Options o;
+  int taken = 0;
+  o.visit([&](const char* name, auto& field) {
+    if (!given.contains(name)) return;
+    using T = std::decay_t<decltype(field)>;
+    const py::handle value = given[name];
+    // An int option takes no float, a str no number: pybind11's casters refuse them.
+    try {
+      field = value.cast<T>();
+    } catch (const py::cast_error&) {
+      throw py::type_error(std::string("batchcast._C.") + what + ": option " + name + " takes " +
+                           PyType<T>::name() + ", not " + std::string(py::repr(value)));
+    }
+    taken += 1;
+  });
+  if (taken != static_cast<int>(py::len(given))) {
+    for (auto item : given) {
+      bool known = false;
+      const std::string key = py::str(item.first);
+      Options().visit([&](const char* name, auto&) { known = known || key == name; });
+      if (!known) {
+        throw py::type_error(std::string("batchcast._C.") + what + " has no option '" + key +
+                             "' (its options: " + option_names<Options>() + ")");
+      }
+    }
   }
+  if (!given.contains("name")) throw py::type_error(std::string("batchcast._C.") + what + " needs name=");
+  return o;
+}
+
+// [(name, Python type, default as Python writes it)], in the list's order.
+template <typename Options>
+py::list describe_options() {
+  py::list out;
+  Options().visit([&](const char* name, const auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    out.append(py::make_tuple(name, PyType<T>::name(), py::repr(py::cast(field))));
+  });
+  return out;
 }
 
 struct ToDict {
@@ -211,7 +247,7 @@ struct ToDict {
     py::list list;
     for (const ConsumerInfo& c : consumers) {
       py::dict d;
-      visit(c, ToDict{d});
+      c.visit(ToDict{d});
       list.append(d);
     }
     out[name] = list;
@@ -362,38 +398,16 @@ PYBIND11_MODULE(_C, m) {
       "set_report_handler", [](py::object handler) { report_handler() = std::move(handler); },
       "handler(level: int, kind: str, message: str), called on the caller's thread");
 
-  static const ProducerOptions kProducer;
-  static const ConsumerOptions kConsumer;
   py::class_<BoundProducer>(m, "Producer")
-      .def(py::init([](std::string name, std::string runtime_dir, int64_t slots, uint64_t ring_bytes,
-                       int64_t samples_per_epoch, int64_t batches_per_epoch,
-                       std::optional<double> straggler_timeout,
-                       std::optional<int64_t> catch_up_window, int cuda_device, double linger,
-                       std::string loader) {
+      .def(py::init([](const py::kwargs& options) {
              auto b = std::make_unique<BoundProducer>();
-             ProducerOptions o;
-             o.name = std::move(name);
-             o.runtime_dir = std::move(runtime_dir);
-             o.slots = slots;
-             o.ring_bytes = ring_bytes;
-             o.samples_per_epoch = samples_per_epoch;
-             o.batches_per_epoch = batches_per_epoch;
-             o.straggler_timeout = straggler_timeout;
-             o.catch_up_window = catch_up_window;
-             o.cuda_device = cuda_device;
-             o.linger = linger;
-             o.loader = std::move(loader);
+             ProducerOptions o = options_from<ProducerOptions>("Producer", options);
              b->core = std::make_unique<Producer>(with_hooks(std::move(o), b->reports));
              return b;
            }),
-           py::kw_only(), py::arg("name"), py::arg("runtime_dir") = kProducer.runtime_dir,
-           py::arg("slots") = kProducer.slots, py::arg("ring_bytes") = kProducer.ring_bytes,
-           py::arg("samples_per_epoch") = kProducer.samples_per_epoch,
-           py::arg("batches_per_epoch") = kProducer.batches_per_epoch,
-           py::arg("straggler_timeout") = kProducer.straggler_timeout,
-           py::arg("catch_up_window") = kProducer.catch_up_window,
-           py::arg("cuda_device") = kProducer.cuda_device, py::arg("linger") = kProducer.linger,
-           py::arg("loader") = kProducer.loader)
+           "Producer(**options): the keywords of ProducerOptions (see options())")
+      .def_static("options", &describe_options<ProducerOptions>,
+                  "[(name, type, default)] of every option, in order")
       .def("wait_for_consumers",
            [](BoundProducer& b, int64_t count, double timeout) {
              return released(b, [&](Producer& p) { return p.wait_for_consumers(count, timeout); });
@@ -458,49 +472,16 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("endpoint", [](BoundProducer& b) { return b.core->endpoint(); });
 
   py::class_<BoundConsumer>(m, "Consumer")
-      .def(py::init([](std::string name, std::optional<int64_t> batch_size, bool drop_last,
-                       double timeout, bool catch_up, std::string runtime_dir,
-                       Placement placement, int cuda_device,
-                       MappedRing::ReleaseAfter release_after, std::string group, int32_t rank,
-                       int32_t world_size, int64_t resume_epoch, int64_t resume_position,
-                       bool empty_past_last_epoch, bool writable, bool shared_gpu_views) {
+      .def(py::init([](const py::kwargs& options) {
              auto b = std::make_unique<BoundConsumer>();
-             ConsumerOptions o;
-             o.name = std::move(name);
-             o.batch_size = batch_size;
-             o.drop_last = drop_last;
-             o.timeout = timeout;
-             o.catch_up = catch_up;
-             o.runtime_dir = std::move(runtime_dir);
-             o.placement = placement;
-             o.cuda_device = cuda_device;
-             o.release_after = release_after;
-             o.group = std::move(group);
-             o.rank = rank;
-             o.world_size = world_size;
-             o.resume_epoch = resume_epoch;
-             o.resume_position = resume_position;
-             o.empty_past_last_epoch = empty_past_last_epoch;
-             o.writable = writable;
-             o.shared_gpu_views = shared_gpu_views;
-             ConsumerOptions options = with_hooks(std::move(o), b->reports);
-             without_gil([&] { b->core = std::make_unique<Consumer>(std::move(options)); });
+             ConsumerOptions o = with_hooks(options_from<ConsumerOptions>("Consumer", options), b->reports);
+             without_gil([&] { b->core = std::make_unique<Consumer>(std::move(o)); });
              b->reports->flush();
              return b;
            }),
-           py::kw_only(), py::arg("name"), py::arg("batch_size") = kConsumer.batch_size,
-           py::arg("drop_last") = kConsumer.drop_last, py::arg("timeout") = kConsumer.timeout,
-           py::arg("catch_up") = kConsumer.catch_up,
-           py::arg("runtime_dir") = kConsumer.runtime_dir,
-           py::arg("placement") = kConsumer.placement,
-           py::arg("cuda_device") = kConsumer.cuda_device,
-           py::arg("release_after") = kConsumer.release_after, py::arg("group") = kConsumer.group,
-           py::arg("rank") = kConsumer.rank, py::arg("world_size") = kConsumer.world_size,
-           py::arg("resume_epoch") = kConsumer.resume_epoch,
-           py::arg("resume_position") = kConsumer.resume_position,
-           py::arg("empty_past_last_epoch") = kConsumer.empty_past_last_epoch,
-           py::arg("writable") = kConsumer.writable,
-           py::arg("shared_gpu_views") = kConsumer.shared_gpu_views)
+           "Consumer(**options): the keywords of ConsumerOptions (see options())")
+      .def_static("options", &describe_options<ConsumerOptions>,
+                  "[(name, type, default)] of every option, in order")
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b) -> py::object {
@@ -525,6 +506,4 @@ PYBIND11_MODULE(_C, m) {
              return d;
            });
 
-  check_bound<ProducerOptions>("Producer", m.attr("Producer"));
-  check_bound<ConsumerOptions>("Consumer", m.attr("Consumer"));
 }

@@ -186,12 +186,13 @@ class Consumer:
     # ConsumerStats' visit() list.
     def stats(self) -> dict[str, Any]: ...
 
-# ---- the simulated device's test hooks ------------------------------------------
+# ---- batchcast's own test hooks (not its API) -----------------------------------
 
-# A submodule at run time (m.def_submodule("simulated")); a class here, so
-# that this one file describes it: use it as batchcast._C.simulated.<name>.
+# A submodule at run time (m.def_submodule("_testing")); a class here, so
+# that this one file describes it: batchcast._C._testing.<name>. The simulated
+# device of batchcast's tests; nothing in the package uses it.
 @final
-class simulated:
+class _testing:
     @staticmethod
     def active() -> bool: ...
     # 0: none, else 1 + its device.
@@ -203,7 +204,7 @@ class simulated:
 
     class Stream:
         def __init__(self, delay_us: int = 0) -> None: ...
-        def __enter__(self) -> simulated.Stream: ...
+        def __enter__(self) -> _testing.Stream: ...
         def __exit__(self, *args: object) -> None: ...
         def check(self, tensor: torch.Tensor, expected: torch.Tensor) -> None: ...
         def synchronize(self) -> None: ...

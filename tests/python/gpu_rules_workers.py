@@ -44,7 +44,7 @@ import torch
 import batchcast as bc
 from gpu_workers import touch, wait_for_file  # beside this file
 
-SIMULATED = bc._C.simulated.active()
+SIMULATED = bc._C._testing.active()
 
 
 # ---- the calling thread's CUDA context, as the driver (or the simulation) sees it ----
@@ -54,7 +54,7 @@ _libcuda = None
 def current_context() -> int:
     """0: the calling thread has no current context; else an id of it."""
     if SIMULATED:
-        return bc._C.simulated.current_context()
+        return bc._C._testing.current_context()
     global _libcuda
     if _libcuda is None:
         _libcuda = ctypes.CDLL("libcuda.so.1")
@@ -82,7 +82,7 @@ class Batches:
         if self.args.memory == "pageable":
             return torch.empty(n, self.ints, dtype=torch.int32)
         if SIMULATED:
-            return bc._C.simulated.pinned_empty(n * self.ints * 4).view(torch.int32).view(n, self.ints)
+            return bc._C._testing.pinned_empty(n * self.ints * 4).view(torch.int32).view(n, self.ints)
         return torch.empty(n, self.ints, dtype=torch.int32, pin_memory=True)
 
     def __iter__(self):
@@ -274,7 +274,7 @@ class Checker:
         self.checks = 0
         self.stream = None
         if SIMULATED and how in ("stream", "side"):
-            self.stream = bc._C.simulated.Stream(delay_us)
+            self.stream = bc._C._testing.Stream(delay_us)
         self.cycles = int(delay_us * 1e-6 * 1.5e9)  # ~delay_us at 1.5 GHz
         self.bad = self.side = None  # GPU: made at the first check (none: torch never touches the GPU)
 

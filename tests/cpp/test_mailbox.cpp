@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
+#include <memory>
+#include <utility>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,6 +25,7 @@
 #include "batchcast/common/error.h"
 #include "batchcast/mailbox/frame_queue.h"
 #include "batchcast/mailbox/mailbox.h"
+#include "batchcast/mailbox/ordering.h"
 
 using namespace batchcast;
 using Push = FrameQueue::Push;
@@ -372,4 +376,73 @@ TEST(Mailbox, WhatIsNotAMailboxIsNotOpened) {
   ::close(other);
   ::close(bell[0]);
   ::close(bell[1]);
+}
+
+// The ordering rule (mailbox/ordering.h), without memory or sockets: messages
+// of random sizes, some too large for the mailbox, a mailbox that fills up,
+// a socket that delivers late and a consumer that reads at random moments —
+// every message is handled once, in the order it was sent.
+TEST(Ordering, MessagesTooLargeForTheMailboxTakeTheirPlaceThroughTheirMarkers) {
+  for (uint32_t seed = 1; seed <= 100; ++seed) {
+    std::mt19937 rng(seed);
+    constexpr uint64_t kLargest = 16;
+    constexpr std::size_t kRoom = 3;  // records the mailbox holds
+    Outbox outbox;
+    Inbox inbox;
+    std::deque<std::pair<bool, std::string>> mailbox;  // (marker, message)
+    std::deque<std::string> socket;                    // sent, not yet arrived
+    std::vector<std::string> sent, handled;
+    auto post = [&](const std::string& m) {
+      if (mailbox.size() >= kRoom) return FrameQueue::Push::Full;
+      mailbox.emplace_back(false, m);
+      return FrameQueue::Push::Done;
+    };
+    auto post_marker = [&] {
+      if (mailbox.size() >= kRoom) return FrameQueue::Push::Full;
+      mailbox.emplace_back(true, std::string());
+      return FrameQueue::Push::Done;
+    };
+    auto receive = [&](std::string& out) {
+      if (mailbox.empty()) return FrameQueue::Pop::Empty;
+      auto [marker, m] = mailbox.front();
+      mailbox.pop_front();
+      if (marker) return FrameQueue::Pop::Marker;
+      out = m;
+      return FrameQueue::Pop::Frame;
+    };
+    auto handle = [&](const std::string& m) { handled.push_back(m); };
+    for (int step = 0; step < 300; ++step) {
+      switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+        case 0: {  // the producer sends one
+          const std::size_t size = std::uniform_int_distribution<std::size_t>(1, 24)(rng);
+          std::string m = std::to_string(sent.size()) + ":" + std::string(size, 'x');
+          sent.push_back(m);
+          if (outbox.enqueue(std::make_shared<const std::string>(m), kLargest)) socket.push_back(m);
+          outbox.flush(post, post_marker);
+          break;
+        }
+        case 1:  // the socket delivers what it carries
+          while (!socket.empty() && rng() % 2) {
+            inbox.spilled(socket.front());
+            socket.pop_front();
+          }
+          break;
+        case 2:  // the consumer reads
+          inbox.drain(receive, handle);
+          break;
+        case 3:  // room came: the producer posts what waited
+          outbox.flush(post, post_marker);
+          break;
+      }
+      ASSERT_LE(handled.size(), sent.size());
+      for (std::size_t i = 0; i < handled.size(); ++i) ASSERT_EQ(handled[i], sent[i]) << "seed " << seed;
+    }
+    do {  // everything arrives, and the consumer reads it
+      for (; !socket.empty(); socket.pop_front()) inbox.spilled(socket.front());
+      outbox.flush(post, post_marker);
+      inbox.drain(receive, handle);
+    } while (!outbox.empty() || !mailbox.empty() || !socket.empty());
+    EXPECT_EQ(handled, sent) << "seed " << seed;
+    EXPECT_FALSE(inbox.expects_socket());
+  }
 }

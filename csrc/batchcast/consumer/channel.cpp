@@ -141,7 +141,7 @@ protocol::Message Channel::take(const std::function<void(double)>& waiting) {
       if (mailbox_) {
         if (!mailbox_->consumer_sleeps()) continue;  // something came meanwhile
         bell = mailbox_->consumer_bell();
-        socket = markers_ > 0;  // otherwise nothing is expected there
+        socket = inbox_.expects_socket();  // otherwise nothing is expected there
       }
     }
     transport::wait_readable({socket ? socket_fd_ : -1, wakeup_.fd(), bell}, kTick);
@@ -307,7 +307,7 @@ void Channel::pump(bool socket) {
   std::lock_guard<std::mutex> lock_socket(socket_mu_);
   read_socket(socket || !mailbox_);
   read_mailbox();
-  if (markers_ > 0) {  // a marker was met: its message may be on the socket already
+  if (inbox_.expects_socket()) {  // a marker was met: its message may be on the socket already
     read_socket(true);
     read_mailbox();
   }
@@ -323,7 +323,7 @@ void Channel::read_socket(bool look) {
     if (mailbox_) {
       // Once there is a mailbox, the socket carries only the messages too
       // large for it: each takes its place where its marker is.
-      spilled_.push_back(frames.size() == 1 ? frames[0].to_string() : std::string());
+      inbox_.spilled(frames.size() == 1 ? frames[0].to_string() : std::string());
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -335,25 +335,8 @@ void Channel::read_socket(bool look) {
 // Under socket_mu_.
 void Channel::read_mailbox() {
   if (!mailbox_) return;
-  bool took = false;
-  while (true) {
-    if (markers_ > 0) {
-      if (spilled_.empty()) break;  // still on its way over the socket
-      std::string m = std::move(spilled_.front());
-      spilled_.pop_front();
-      markers_ -= 1;
-      on_frame(m);
-      continue;
-    }
-    const auto r = mailbox_->receive(frame_);
-    if (r == FrameQueue::Pop::Empty) break;
-    took = true;
-    if (r == FrameQueue::Pop::Marker) {
-      markers_ += 1;
-    } else {
-      on_frame(frame_);
-    }
-  }
+  const bool took = inbox_.drain([&](std::string& out) { return mailbox_->receive(out); },
+                                 [&](const std::string& message) { on_frame(message); });
   mailbox_dropped_.store(mailbox_->dropped(), std::memory_order_relaxed);
   if (took) mailbox_->made_room();  // the producer may wait for it
 }

@@ -38,6 +38,7 @@
 #include "batchcast/common/endpoint.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/mailbox/mailbox.h"
+#include "batchcast/mailbox/ordering.h"
 #include "batchcast/consumer/rebatcher.h"
 #include "batchcast/consumer/session.h"
 #include "batchcast/protocol/message.h"
@@ -137,12 +138,10 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   zmq::socket_t dealer_;
   int socket_fd_ = -1;  // ZMQ_FD: readable when the socket may have news
   Wakeup wakeup_;       // wakes a trainer blocked in take()
-  // Under socket_mu_ (set once, also under mu_): the mailbox, and the
-  // messages that came over the socket instead, waiting for their markers.
+  // Under socket_mu_ (set once, also under mu_): the mailbox, and its order
+  // with the messages too large for it, which come over the socket.
   std::unique_ptr<Mailbox> mailbox_;
-  std::deque<std::string> spilled_;
-  int64_t markers_ = 0;         // markers met whose message has not come yet
-  std::string frame_;           // the frame being read
+  Inbox inbox_;
   std::atomic<int64_t> mailbox_dropped_{0};
   Wakeup watch_wakeup_;
 

@@ -691,10 +691,10 @@ bool Producer::sleep_ready() {
   }
   bool sleep = true;
   for (auto& [peer, link] : links_) {
-    if (link.mailbox->producer_sleeps(waiting, !link.pending.empty())) sleep = false;  // releases are there
-    if (!link.pending.empty()) {
+    if (link.mailbox->producer_sleeps(waiting, !link.outbox.empty())) sleep = false;  // releases are there
+    if (!link.outbox.empty()) {
       post_pending(link);  // room may have come before the flag was up
-      if (link.pending.empty()) sleep = false;
+      if (link.outbox.empty()) sleep = false;
     }
   }
   return sleep;
@@ -751,27 +751,20 @@ void Producer::open_mailbox(const std::string& peer) {
   }
 }
 
-// In order: once something waits for room, what follows waits behind it.
+// In order (mailbox/ordering.h): once something waits for room, what
+// follows waits behind it; a message too large for the mailbox goes over the
+// socket now, its marker in its place.
 void Producer::post(Link& link, const std::string& peer, const std::shared_ptr<const std::string>& bytes) {
-  const bool too_large = bytes->size() > FrameQueue::largest_frame(Mailbox::kToConsumerBytes);
-  if (too_large) {
-    // Over the socket now; the consumer holds it until it meets the marker.
-    transport::try_send(router_, {peer, *bytes});
+  if (link.outbox.enqueue(bytes, FrameQueue::largest_frame(Mailbox::kToConsumerBytes))) {
+    transport::try_send(router_, {peer, *bytes});  // the consumer holds it until it meets the marker
     over_socket_ += 1;
-    link.pending.push_back(nullptr);
-  } else {
-    link.pending.push_back(bytes);
   }
   post_pending(link);
 }
 
 void Producer::post_pending(Link& link) {
-  while (!link.pending.empty()) {
-    const auto& next = link.pending.front();
-    const auto r = next ? link.mailbox->post(*next) : link.mailbox->post_marker();
-    if (r != FrameQueue::Push::Done) return;  // Full: the consumer rings once it made room
-    link.pending.pop_front();
-  }
+  link.outbox.flush([&](const std::string& message) { return link.mailbox->post(message); },
+                    [&] { return link.mailbox->post_marker(); });
 }
 
 void Producer::forget_links() {

@@ -33,6 +33,7 @@
 #include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
 #include "batchcast/mailbox/mailbox.h"
+#include "batchcast/mailbox/ordering.h"
 #include "batchcast/producer/membership.h"
 #include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
@@ -243,8 +244,7 @@ class Producer {
   // A consumer's mailbox and what waits for room in it (I/O thread only).
   struct Link {
     std::unique_ptr<Mailbox> mailbox;
-    // Null: a marker (its message went over the socket).
-    std::deque<std::shared_ptr<const std::string>> pending;
+    Outbox outbox;  // what waits for room in it, in order
   };
 
   // The I/O thread.

@@ -142,7 +142,7 @@ def loader(args: argparse.Namespace):
 
 def produce(args: argparse.Namespace) -> None:
     before = current_context()
-    producer = bc.Producer(loader(args), args.name, device="cuda:0", epochs=args.epochs,
+    producer = bc.Producer(loader(args), args.name, device=args.device, epochs=args.epochs,
                            min_consumers=args.min_consumers, slots=args.slots, linger=args.linger,
                            catch_up_window=args.catch_up_window)
     try:
@@ -339,9 +339,15 @@ def consume(args: argparse.Namespace) -> None:
             result["contexts"].append(f"{where}: {context_before} -> {now}")
 
     checker = Checker(args.check, args.stream_delay_us)
-    consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
-                           release_after=args.release_after, late_join=args.late_join,
-                           shared_gpu_views=args.views == "shared")
+    try:
+        consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
+                               release_after=args.release_after, late_join=args.late_join,
+                               shared_gpu_views=args.views == "shared")
+    except Exception as exc:  # what a user would see: the test asserts on it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+        return
     context_check("Consumer()")
     if args.joined:
         touch(args.joined)
@@ -419,6 +425,7 @@ def main() -> None:
                                     "consume-odd"])
     p.add_argument("name")
     p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--device", default="cuda:0", help="producer: the ring's GPU")
     p.add_argument("--sample-bytes", type=int, default=1 << 16)
     p.add_argument("--loader-batch", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)

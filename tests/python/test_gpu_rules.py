@@ -317,3 +317,52 @@ def test_a_killed_producer_is_producer_lost_and_the_batches_kept_stay_readable(p
     r = procs.result("a.json")
     assert r["error"] is not None and r["error"].startswith("ProducerLost"), r["error"]
     assert r["kept_intact"] is True, r
+
+
+def test_a_consumer_finds_the_producers_gpu_by_uuid_however_its_gpus_are_numbered(procs, name, device):
+    """The producer's ring is on the machine's second GPU. A consumer whose
+    CUDA_VISIBLE_DEVICES shows only that GPU (its cuda:0), one that lists both
+    in the usual order (its cuda:1) and one that lists them the other way
+    round (its cuda:0 again) find it by UUID and read every value as views of
+    the ring; one that sees only the other GPU is refused at once, with the fix."""
+    if device.seed is None:
+        import torch
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs (the simulated device runs this rule here)")
+        env = {}
+    else:
+        env = {"BATCHCAST_SIMULATED_CUDA": device.env["BATCHCAST_SIMULATED_CUDA"] + ",devices=2"}
+
+    def with_visible(visible):
+        d = Device(device.seed, device.sample_bytes, device.loader_batch, device.samples, device.lag_us)
+        d.env.update(env)
+        if visible is not None:
+            d.env["CUDA_VISIBLE_DEVICES"] = visible
+        return d
+
+    two = with_visible(None)  # the producer sees both
+
+    # One that cannot see it, against a producer of its own (which then waits
+    # for a consumer for ever, and is stopped).
+    p = start(procs, two, "produce", name + "-b", "--device", "cuda:1", "--epochs", 1)
+    c = start(procs, with_visible("0"), "consume", name + "-b", "--epochs", 1, out="other.json")
+    c.wait(120)
+    p.kill()
+    p.wait()
+    procs.procs.remove(p)
+    start(procs, two, "produce", name, "--device", "cuda:1", "--epochs", 1, "--min-consumers", 3)
+    for visible, out in [("1", "only.json"), ("0,1", "both.json"), ("1,0", "renumbered.json")]:
+        start(procs, with_visible(visible), "consume", name, "--check", "host", "--epochs", 1,
+              "--views", "shared", out=out)
+    procs.wait_all(timeout=240)
+    other = procs.result("other.json")
+    assert other["error"].startswith("CudaError"), other
+    assert "cannot see" in other["error"] and "CUDA_VISIBLE_DEVICES=0" in other["error"], other["error"]
+    assert "make that GPU visible" in other["error"], other["error"]
+    for out, seen_as in [("only.json", 0), ("both.json", 1), ("renumbered.json", 0)]:
+        r = procs.result(out)
+        assert_clean(r, device, [0], device.samples // device.loader_batch)
+        assert r["stats"]["ring_device"] == seen_as, (out, r["stats"])
+        if device.seed is None:  # (the simulated device's batches are CPU tensors)
+            assert r["stats"]["device"] == f"cuda:{seen_as}", (out, r["stats"])
+        assert r["stats"]["transfer"] == "view" and r["stats"]["ipc_memory_opens"] == 1, (out, r["stats"])

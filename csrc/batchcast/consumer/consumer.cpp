@@ -579,6 +579,7 @@ ConsumerStats Consumer::stats() const {
   s.dropped_messages = c.dropped_messages;
   s.mailbox = c.mailbox;
   s.device = device_.str();
+  s.ring_device = ring_device_;
   static constexpr const char* kTransfers[] = {"shared-memory", "view", "peer", "host-staged",
                                                "device-to-host"};
   s.transfer = kTransfers[static_cast<int>(transfer_)];

@@ -121,6 +121,7 @@ struct ConsumerOptions {
   /* (false: over the socket; the producer could not give one)                    */         \
   X(bool, mailbox, false)                                                                    \
   X(std::string, device, "")      /* where batches are handed out: "cpu", "cuda:N" */        \
+  X(int64_t, ring_device, -1)     /* the producer's GPU as numbered here (-1: host ring) */  \
   /* how loader batches get there: "shared-memory" (host views), "view" (GPU      */         \
   /* views, zero copies), "peer" (one GPU-to-GPU copy), "host-staged" (one copy   */         \
   /* through host memory), "device-to-host" (one copy to host memory)             */         \

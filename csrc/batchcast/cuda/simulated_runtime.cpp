@@ -201,10 +201,43 @@ thread_local void* t_context = nullptr;  // the calling thread's current context
 thread_local int t_device = 0;           // the runtime's remembered device
 thread_local Stream t_stream = nullptr;  // the current stream (torch's, on a GPU)
 
+// As the driver: CUDA_VISIBLE_DEVICES lists the devices this process sees, in
+// its order, numbered from 0; the list ends at its first entry that is not a
+// device (or one named twice). Unset: every device, as numbered.
+std::vector<int> visible_devices(int devices) {
+  std::vector<int> out;
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (env == nullptr) {
+    for (int d = 0; d < devices; ++d) out.push_back(d);
+    return out;
+  }
+  std::string list(env);
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    std::string entry = list.substr(at, comma - at);
+    entry.erase(0, entry.find_first_not_of(' '));
+    entry.erase(entry.find_last_not_of(' ') + 1);
+    if (entry.empty() || entry.find_first_not_of("0123456789") != std::string::npos || entry.size() > 3) break;
+    const int d = std::stoi(entry);
+    if (d >= devices || std::find(out.begin(), out.end(), d) != out.end()) break;
+    out.push_back(d);
+    at = comma + 1;
+  }
+  return out;
+}
+
+simulated::Options seen(simulated::Options options, const std::vector<int>& visible) {
+  options.devices = static_cast<int>(visible.size());
+  return options;
+}
+
 class SimulatedRuntime final : public Runtime {
  public:
   explicit SimulatedRuntime(simulated::Options options)
-      : options_(options), rng_(options.seed * 1000003u + static_cast<uint64_t>(::getpid())) {}
+      : physical_(visible_devices(options.devices)),
+        options_(seen(options, physical_)),
+        rng_(options.seed * 1000003u + static_cast<uint64_t>(::getpid())) {}
 
   bool built() const override { return true; }
   bool simulated() const override { return true; }
@@ -214,7 +247,7 @@ class SimulatedRuntime final : public Runtime {
     valid_device(device, "cudaGetDeviceProperties");
     std::string uuid = "simulated-gpu";
     uuid.resize(protocol::kUuidBytes, '\0');
-    uuid.back() = static_cast<char>(device);
+    uuid.back() = static_cast<char>(physical_[static_cast<std::size_t>(device)]);  // as the machine numbers it
     return uuid;
   }
 
@@ -603,7 +636,8 @@ class SimulatedRuntime final : public Runtime {
     return Mapping(p, bytes);
   }
 
-  const simulated::Options options_;
+  const std::vector<int> physical_;  // each visible device's number on the machine
+  const simulated::Options options_; // devices: those visible
   char primaries_[8] = {};  // the devices' primary contexts (their addresses)
   std::mutex rng_mu_;
   std::mt19937_64 rng_;

@@ -18,6 +18,9 @@
 //     for the producer's copies;
 //   - the default stream (nullptr) runs in the calling thread at once: a
 //     consumer that reads its batches on the host reads in stream order;
+//   - CUDA_VISIBLE_DEVICES, as the driver reads it: a process sees the
+//     devices it lists, numbered in its order, each with its machine-wide
+//     UUID (devices=N is the machine's count);
 //   - each thread has a current context (none at first); a call that needs one
 //     binds the current device's, and leaves it current, as the real runtime
 //     does — so tests can see that batchcast leaves a caller's thread as it

@@ -264,6 +264,16 @@ def consume_two(args: argparse.Namespace) -> None:
 
 
 # ---- consumer ----------------------------------------------------------------------
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def gpu_bytes() -> int:
+    """GPU memory torch has allocated in this process (0 on the simulated device)."""
+    return 0 if SIMULATED else int(torch.cuda.memory_allocated())
+
+
 class Checker:
     """Compares batches with what they must hold, in stream order, counting
     mismatches without waiting for them on the host (except --check host)."""
@@ -355,6 +365,7 @@ def consume(args: argparse.Namespace) -> None:
         wait_for_file(args.start_after, args.timeout)
     samples = args.samples
     kept = []
+    received = 0
     try:
         with checker:
             for _ in range(args.epochs):
@@ -369,7 +380,15 @@ def consume(args: argparse.Namespace) -> None:
                         break
                     images, labels = batch
                     ids = range(position, position + images.shape[0])
-                    checker.check(images, labels, ids, e, samples)
+                    received += 1
+                    if args.drop_every and received % args.drop_every == 0:
+                        pass  # dropped unread: never looked at, never put on a stream
+                    else:
+                        checker.check(images, labels, ids, e, samples)
+                    if received == args.rss_at:
+                        result["rss_at"] = rss_bytes()
+                        result["gpu_at"] = gpu_bytes()
+                        result["stats_at"] = consumer.stats()
                     if args.write_in_place:  # a Mixup or an in-place normalization
                         images.neg_()
                     got.append(len(ids))
@@ -383,6 +402,9 @@ def consume(args: argparse.Namespace) -> None:
                 result["epochs"].append({"epoch": e, "samples": position, "batches": len(got)})
         result["mismatches"] = checker.mismatches()
         result["checks"] = checker.checks
+        result["received"] = received
+        result["rss_end"] = rss_bytes()
+        result["gpu_end"] = gpu_bytes()
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["stats"] = consumer.stats()
@@ -457,6 +479,9 @@ def main() -> None:
     p.add_argument("--start-after", default="", help="consumer: joined, take batches once this file exists")
     p.add_argument("--done", default="", help="consumer: file to create when done")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--drop-every", type=int, default=0, help="consumer: drop every N-th batch unread")
+    p.add_argument("--rss-at", type=int, default=0,
+                   help="consumer: note its memory (host RSS, GPU allocated) after this many batches")
     p.add_argument("--out", default="")
     args = p.parse_args()
     roles = {"produce": produce, "consume": consume, "consume-two": consume_two, "same-process": same_process,

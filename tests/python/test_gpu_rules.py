@@ -366,3 +366,51 @@ def test_a_consumer_finds_the_producers_gpu_by_uuid_however_its_gpus_are_numbere
         if device.seed is None:  # (the simulated device's batches are CPU tensors)
             assert r["stats"]["device"] == f"cuda:{seen_as}", (out, r["stats"])
         assert r["stats"]["transfer"] == "view" and r["stats"]["ipc_memory_opens"] == 1, (out, r["stats"])
+
+
+@pytest.mark.parametrize("views", ["copy", "shared"])
+def test_memory_stays_flat_over_thousands_of_batches_half_dropped_unread(procs, name, device, views):
+    """A consumer that drops every other batch unread (never read, never on a
+    stream) over 3,000 loader batches: its memory (host RSS; on a GPU, what
+    torch allocated there) is the same at the end as after the first 500,
+    it opened the ring's memory once and its slot events once each (at join:
+    no IPC opened per batch), and every batch it read held its values."""
+    flags = ["--samples", 3000 * 2, "--loader-batch", 2, "--sample-bytes", 4096]
+    env = dict(device.env)
+    if device.seed is not None:  # short delays: thousands of batches
+        env["BATCHCAST_SIMULATED_CUDA"] = f"seed={device.seed},max_delay_us=50"
+    procs.start("produce", name, *flags, "--epochs", 1, "--slots", 4, script=SCRIPT, env=env)
+    procs.start("consume", name, *flags, "--epochs", 1, "--check", "stream", "--views", views,
+                "--drop-every", 2, "--rss-at", 500, out="a.json", script=SCRIPT, env=env)
+    procs.wait_all(timeout=600)
+    r = procs.result("a.json")
+    assert r["error"] is None, r["error"]
+    assert r["received"] == 3000 and r["checks"] == 1500, r
+    assert r["mismatches"] == 0, r
+    s = r["stats"]
+    assert s["ipc_memory_opens"] == 1, s
+    assert s["ipc_event_opens"] == r["stats_at"]["ipc_event_opens"] > 0, (r["stats_at"], s)
+    grew = r["rss_end"] - r["rss_at"]
+    assert grew < 8 << 20, f"host RSS grew by {grew / 2**20:.1f} MiB over 2,500 batches"
+    assert r["gpu_end"] - r["gpu_at"] <= 2 * 2 * 4096 * 2, (r["gpu_at"], r["gpu_end"])
+
+
+@pytest.mark.parametrize("where", ["producer", "consumer", "both"])
+def test_expandable_segments_in_either_process_changes_nothing(procs, name, device, where):
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (memory torch maps in
+    segments it can grow, which CUDA IPC cannot export as one allocation) in
+    the producer, the consumer or both: every value arrives, as views and as
+    copies. The ring is batchcast's own allocation, never torch's."""
+    if device.seed is not None:
+        pytest.skip("torch's CUDA allocator is not part of the simulated device (the GPU check runs this)")
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    producer_env = {**device.env, **(conf if where in ("producer", "both") else {})}
+    consumer_env = {**device.env, **(conf if where in ("consumer", "both") else {})}
+    procs.start("produce", name, *device.flags(), "--epochs", 1, "--min-consumers", 2, script=SCRIPT,
+                env=producer_env)
+    for views in ("shared", "copy"):
+        procs.start("consume", name, *device.flags(), "--epochs", 1, "--check", "stream", "--views", views,
+                    out=f"{views}.json", script=SCRIPT, env=consumer_env)
+    procs.wait_all(timeout=240)
+    for views in ("shared", "copy"):
+        assert_clean(procs.result(f"{views}.json"), device, [0], device.samples // device.loader_batch)

@@ -83,8 +83,8 @@ Consumer::Consumer(ConsumerOptions options)
     joined_ = w;
     joined_.ring = {};
     loader_ = w.loader;
-    waiting_for_group_ = w.first_epoch < 0;
-    if (!waiting_for_group_) {
+    life_ = Lifecycle(/*grouping=*/w.first_epoch < 0);
+    if (!life_.grouping()) {
       next_epoch_ = first_epoch_ = w.first_epoch;
       resume_from(w.resume, w.first_epoch, w.resume_position);
     }
@@ -163,8 +163,7 @@ void Consumer::close() {
   replay_.clear();
   replaying_ = false;
   if (channel_) channel_->leave();
-  in_epoch_ = false;
-  finished_ = true;
+  life_.close();
 }
 
 int64_t Consumer::samples_per_epoch() const { return samples_per_epoch_; }
@@ -175,13 +174,13 @@ int64_t Consumer::batches_per_epoch() const {
 }
 
 std::pair<int64_t, int64_t> Consumer::position() const {
-  if (in_epoch_) {
+  if (life_.in_epoch()) {
     const int64_t at = rebatcher_.position();
     // Everything of the epoch taken (its end not read yet): the next epoch.
     if (samples_per_epoch_ >= 0 && at >= samples_per_epoch_) return {epoch_ + 1, 0};
     return {epoch_, at};
   }
-  if (waiting_for_group_) {
+  if (life_.grouping()) {
     return {options_.resume_epoch, options_.resume_epoch >= 0 ? options_.resume_position : 0};
   }
   if (next_epoch_ == resume_at_epoch_) return {resume_at_epoch_, resume_position_};
@@ -208,18 +207,18 @@ void Consumer::resume_from(protocol::Resume resume, int64_t first_epoch, int64_t
 
 // A group's rank waits here, in its first iter(), for the rest of its group.
 void Consumer::await_group() {
-  while (waiting_for_group_) {
+  while (life_.grouping()) {
     protocol::Message m = channel_->take();
     if (auto* ready = std::get_if<protocol::GroupReady>(&m)) {
-      waiting_for_group_ = false;
+      life_.group_ready();
       next_epoch_ = first_epoch_ = ready->first_epoch;
       resume_from(ready->resume, ready->first_epoch, ready->resume_position);
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
       loader_failed_ = *failed;
+      life_.loader_failed();
       throw loader_error(options_.name, *failed);
     } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
-      waiting_for_group_ = false;
-      finished_ = true;
+      life_.stream_ended(/*started=*/false);
       end_ = *end;
     } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
       channel_->release_now(a->seq);  // not ours (never sent before GroupReady)
@@ -228,21 +227,21 @@ void Consumer::await_group() {
 }
 
 void Consumer::fail_group(const protocol::GroupBroken& broken) {
-  failure_ = std::make_exception_ptr(GroupError(broken.reason));
-  in_epoch_ = false;
+  auto error = std::make_exception_ptr(GroupError(broken.reason));
+  life_.broke(error);
   rebatcher_.clear();
   channel_->leave();
-  std::rethrow_exception(failure_);
+  std::rethrow_exception(error);
 }
 
 // A peek: the consumer's first epoch has handed out one batch (or none) and
 // still holds every loader batch of it so far.
-bool Consumer::can_restart() const { return in_epoch_ && replaying_ && epoch_batches_ <= 1; }
+bool Consumer::can_restart() const { return life_.in_epoch() && replaying_ && epoch_batches_ <= 1; }
 
 int64_t Consumer::begin_epoch() {
-  if (failure_) std::rethrow_exception(failure_);
+  if (const auto* broken = std::get_if<Lifecycle::Broken>(&life_.state())) std::rethrow_exception(broken->error);
   // An iterator of an epoch that has handed out nothing yet just goes on.
-  if (in_epoch_ && epoch_batches_ == 0) return epoch_;
+  if (life_.in_epoch() && epoch_batches_ == 0) return epoch_;
   if (can_restart()) {
     std::vector<LoaderBatch> replay = std::move(replay_);
     replay_.clear();
@@ -258,20 +257,18 @@ int64_t Consumer::begin_epoch() {
     }
     return epoch_;
   }
-  if (in_epoch_) left_ = Left{epoch_, epoch_batches_};
+  if (life_.in_epoch()) left_ = Left{epoch_, epoch_batches_};
   replay_.clear();
   replaying_ = false;
-  while (in_epoch_) {
+  while (life_.in_epoch()) {
     (void)next();  // drain what is left of an epoch the caller left early
   }
-  if (waiting_for_group_) await_group();
+  if (life_.grouping()) await_group();
   rebatcher_.clear();
-  mid_epoch_ = false;
   epoch_ = next_epoch_++;
   epoch_batches_ = 0;
-  in_epoch_ = !finished_;
-  past_end_ = finished_ && end_.has_value();
-  replaying_ = in_epoch_ && epoch_ == first_epoch_;
+  life_.begin(/*stream_end_known=*/end_.has_value());
+  replaying_ = life_.in_epoch() && epoch_ == first_epoch_;
   rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
   if (group_broken_ && group_broken_->epoch <= epoch_) fail_group(*group_broken_);
   return epoch_;
@@ -317,8 +314,23 @@ std::optional<Batch> Consumer::past_end() {
 }
 
 std::optional<Batch> Consumer::next() {
-  if (failure_) std::rethrow_exception(failure_);
-  if (!in_epoch_) return past_end_ ? past_end() : std::nullopt;
+  // What next() does in each state of the consumer's life (every one handled).
+  struct Dispatch {
+    Consumer& c;
+    std::optional<Batch> operator()(const Lifecycle::InEpoch&) { return c.take_next(); }
+    std::optional<Batch> operator()(const Lifecycle::Ended& e) {
+      return e.past_end ? c.past_end() : std::nullopt;  // else: its epoch was cut short, and is over
+    }
+    std::optional<Batch> operator()(const Lifecycle::Broken& b) { std::rethrow_exception(b.error); }
+    std::optional<Batch> operator()(const Lifecycle::Between&) { return std::nullopt; }   // the epoch ended
+    std::optional<Batch> operator()(const Lifecycle::Grouping&) { return std::nullopt; }  // none begun
+    std::optional<Batch> operator()(const Lifecycle::Closed&) { return std::nullopt; }
+  };
+  return std::visit(Dispatch{*this}, life_.state());
+}
+
+// The next batch of the epoch under way, reading what the producer sent.
+std::optional<Batch> Consumer::take_next() {
   // GPU: torch's device guards inside find the ring's device current, so they
   // switch nothing; the caller's thread is left as it was.
   std::optional<cuda::DeviceScope> scope;
@@ -337,13 +349,13 @@ std::optional<Batch> Consumer::next() {
         channel_->release_now(a->seq);  // not ours
         continue;
       }
-      mid_epoch_ = true;
+      life_.batch_arrived();
       receive(*a);
     } else if (auto* end = std::get_if<protocol::EpochEnd>(&m)) {
       if (end->epoch != epoch_) continue;
       samples_per_epoch_ = end->samples;
       loader_batches_per_epoch_ = end->batches;
-      in_epoch_ = false;
+      life_.epoch_ended();
       epochs_done_ += 1;
       replay_.clear();
       replaying_ = false;
@@ -354,15 +366,14 @@ std::optional<Batch> Consumer::next() {
       if (broken->epoch <= epoch_) fail_group(*broken);
       group_broken_ = *broken;  // it left after this epoch: the next one fails
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
-      in_epoch_ = false;
+      life_.loader_failed();
       rebatcher_.clear();
       replay_.clear();
       loader_failed_ = *failed;
       throw loader_error(options_.name, *failed);
     } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
-      const bool started = rebatcher_.buffered() > 0 || mid_epoch_;
-      in_epoch_ = false;
-      finished_ = true;
+      const bool started = rebatcher_.buffered() > 0 || life_.arrived();
+      life_.stream_ended(started);
       end_ = *end;
       rebatcher_.clear();
       replay_.clear();
@@ -371,7 +382,6 @@ std::optional<Batch> Consumer::next() {
                            (end->stopped ? "was stopped" : "ended") + " before the end of epoch " +
                            std::to_string(epoch_));
       }
-      past_end_ = true;
       return past_end();
     }
   }
@@ -465,7 +475,7 @@ at::Tensor Consumer::private_copy(const at::Tensor& view) const {
 // consumers (min_consumers), the next epoch (it joined mid-epoch), or the
 // first batch (a loader starting up).
 void Consumer::say_what_it_waits_for(double waited) {
-  if (told_waiting_ || waited < 1.0 || mid_epoch_ || epoch_ != first_epoch_ || !options_.reporter) return;
+  if (told_waiting_ || waited < 1.0 || life_.arrived() || epoch_ != first_epoch_ || !options_.reporter) return;
   told_waiting_ = true;
   const std::string who = "consumer of '" + options_.name + "'";
   std::string text;

@@ -20,6 +20,7 @@
 #include "batchcast/common/batch.h"
 #include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
+#include "batchcast/consumer/lifecycle.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
 #include "batchcast/protocol/message.h"
@@ -162,7 +163,7 @@ class Consumer {
   // LoaderError, RebatchError.
   std::optional<Batch> next();
   // True once the producer said it serves no more epochs and this one is empty.
-  bool finished() const { return finished_; }
+  bool finished() const { return life_.finished(); }
 
   int64_t samples_per_epoch() const;  // -1 while unknown
   int64_t batches_per_epoch() const;  // -1 while unknown
@@ -186,6 +187,7 @@ class Consumer {
   std::optional<Batch> hand_out(std::optional<Batch> batch);
   at::Tensor private_copy(const at::Tensor& view) const;
   std::optional<Batch> past_end();
+  std::optional<Batch> take_next();  // in an epoch: reads until a batch, or its end
   bool can_restart() const;
 
   ConsumerOptions options_;
@@ -204,12 +206,9 @@ class Consumer {
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;
   int64_t first_epoch_ = -1; // the producer's epoch this consumer started at
-  bool in_epoch_ = false;
-  bool mid_epoch_ = false;   // a batch of the current epoch has arrived
-  bool finished_ = false;
+  Lifecycle life_{false};    // where it is in its epochs (lifecycle.h)
   std::optional<protocol::Finished> end_;  // how the producer's stream ended
   std::optional<protocol::LoaderFailed> loader_failed_;  // in an error: every later epoch raises it
-  bool past_end_ = false;    // the current epoch is one the producer never serves
   int64_t epochs_done_ = 0;  // epochs this consumer was handed to their end
   int64_t epoch_batches_ = 0;  // batches handed out in the current epoch
   // The first epoch's loader batches while it has handed out at most one
@@ -228,13 +227,11 @@ class Consumer {
   int64_t loader_batches_per_epoch_ = -1;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
-  bool waiting_for_group_ = false;  // GroupReady not yet taken
   protocol::Resume resume_ = protocol::Resume::None;
   int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
   int64_t resume_position_ = 0;
   std::string loader_;
   std::optional<protocol::GroupBroken> group_broken_;  // for a later epoch
-  std::exception_ptr failure_;      // the group ended: every next() raises it
 };
 
 }  // namespace batchcast

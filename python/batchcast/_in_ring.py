@@ -346,7 +346,8 @@ class Leaser:
         self.core: Any = core
         self.limit = limit
         self.pid = os.getpid()
-        self.out: set[int] = set()  # seqs of leases given to batches not yet back
+        # Which leases are out is the producer's slot ledger's to say
+        # (core.lease_out, core.return_leases); what follows is the order.
         # Batches asked for without a lease (before the ring existed) and not
         # yet back, and slots leased for them once it does: the producer
         # copies them there, so that every batch lies where the one before
@@ -389,25 +390,21 @@ class Leaser:
             self.unleased += 1
             return None
         seq, fd, ring_bytes, offsets, sizes = got
-        self.out.add(seq)
         return RingWriter(self.pid, fd, ring_bytes, seq, offsets, sizes)
 
     def unpack(self, batch: Any) -> tuple[Any, int | None, bool]:
         """(the batch as the producer publishes it, its lease or None, whether
         a worker wrote it into that lease)."""
-        if isinstance(batch, InRing) and batch.seq in self.out:
-            self.out.discard(batch.seq)
+        if isinstance(batch, InRing) and self.core.lease_out(batch.seq):
             if self._ring is None:
                 self._ring = self.core.host_ring()
             return materialize(batch.batch, self._ring), batch.seq, True
-        if isinstance(batch, Declined) and batch.seq in self.out:
-            self.out.discard(batch.seq)
+        if isinstance(batch, Declined) and self.core.lease_out(batch.seq):
             self.core.return_lease(batch.seq)
             return batch.batch, None, False
         self.unleased = max(0, self.unleased - 1)
         if self.for_copies:  # copied into the slot leased for it
             seq = self.for_copies.popleft()
-            self.out.discard(seq)
             return batch, seq, False
         return batch, None, False
 
@@ -421,16 +418,13 @@ class Leaser:
             got = self._lease()
             if got is None:
                 break
-            self.out.add(got[0])
             self.for_copies.append(got[0])
 
     def epoch_done(self) -> None:
         """The epoch's iterator is exhausted: no worker writes any more, so
         leases whose batches never came back (an iterable dataset's workers
         that ran out) go back."""
-        for seq in sorted(self.out):
-            self.core.return_lease(seq)
-        self.out.clear()
+        self.core.return_leases()
         self.for_copies.clear()
         self.unleased = 0
 

@@ -292,9 +292,18 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
   EXPECT_THROW(producer.publish(ids(56, 10), d->seq), InvalidArgument);
   auto e = producer.lease(2);
   ASSERT_TRUE(e);
+  EXPECT_TRUE(producer.lease_out(e->seq));
   producer.return_lease(e->seq);
   producer.return_lease(e->seq);
+  EXPECT_FALSE(producer.lease_out(e->seq));
   EXPECT_EQ(producer.stats().leases_out, 0);
+  // At an epoch's end every lease still out goes back at once.
+  auto g = producer.lease(2);
+  auto h = producer.lease(2);
+  ASSERT_TRUE(g && h);
+  EXPECT_EQ(producer.return_leases(), 2);
+  EXPECT_FALSE(producer.lease_out(g->seq) || producer.lease_out(h->seq));
+  EXPECT_EQ(producer.return_leases(), 0);
 
   producer.end_epoch();
   producer.finish();

@@ -495,6 +495,21 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
   return out;
 }
 
+bool Producer::lease_out(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slots_.contains(seq) && slots_.state(seq) == SlotLedger::State::Leased;
+}
+
+int64_t Producer::return_leases() {
+  std::vector<uint64_t> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [seq, slot] : leases_) out.push_back(seq);
+  }
+  for (uint64_t seq : out) return_lease(seq);
+  return static_cast<int64_t>(out.size());
+}
+
 void Producer::return_lease(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (leases_.erase(seq) == 0) return;

@@ -159,6 +159,11 @@ class Producer {
   std::optional<Lease> lease(int64_t limit);
   // The leased slot goes back unused (nothing may write into it any more).
   void return_lease(uint64_t seq);
+  // Whether lease `seq` is out (the slot ledger says it is leased).
+  bool lease_out(uint64_t seq) const;
+  // Every lease still out goes back (no worker writes any more: the epoch's
+  // iterator ended). Returns how many.
+  int64_t return_leases();
   // The producer's mapping of the memory leases are in, and its size
   // (nullptr before the first lease).
   std::pair<std::byte*, uint64_t> host_memory() const;

@@ -348,6 +348,8 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(l->seq, l->fd, l->ring_bytes, py::cast(l->offsets), py::cast(l->bytes));
            },
            py::arg("limit"))
+      .def("lease_out", [](BoundProducer& b, uint64_t seq) { return b.core->lease_out(seq); }, py::arg("seq"))
+      .def("return_leases", [](BoundProducer& b) { return b.core->return_leases(); })
       .def("return_lease", [](BoundProducer& b, uint64_t seq) { b.core->return_lease(seq); },
            py::arg("seq"))
       .def("host_ring",

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from batchcast._in_ring import (Declined, InRing, LeasedIndices, Leaser, RingWriter, Samples,
+from batchcast._in_ring import (Declined, LeasedIndices, Leaser, RingWriter, Samples,
                                 WritingDataset, collate)
 
 
@@ -218,4 +218,3 @@ def test_a_collate_of_ones_own_is_committed_into_the_ring():
     got, leaser = serve(loader, core)
     assert [in_place for _, _, in_place in got] == [True, True]
     assert torch.equal(got[1][0], torch.stack([torch.arange(4, 8), -torch.arange(4, 8)], 1) * 3)
-    assert isinstance(InRing(1, None), tuple)

@@ -125,6 +125,8 @@ class Producer:
         cuda_device: int = -1,
         linger: float = 30.0,
         loader: str = "",
+        join_any_time: bool = False,
+        epochs: int = -1,
     ) -> None: ...
     def wait_for_consumers(self, count: int, timeout: float = -1.0) -> bool: ...
     def begin_epoch(self, epoch: int, /) -> None: ...
@@ -162,6 +164,7 @@ class Consumer:
         drop_last: bool = False,
         timeout: float = 30.0,
         catch_up: bool = False,
+        join_now: bool = False,
         runtime_dir: str = "",
         placement: Placement = ...,  # Placement.AUTO
         cuda_device: int = -1,
@@ -171,6 +174,7 @@ class Consumer:
         world_size: int = 0,
         resume_epoch: int = -1,
         resume_position: int = 0,
+        resume_offset: int = 0,
         empty_past_last_epoch: bool = False,
         writable: bool = False,
         shared_gpu_views: bool = False,

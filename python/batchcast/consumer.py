@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     class _Resume(TypedDict, total=False):
         resume_epoch: int
         resume_position: int
+        resume_offset: int
 
 
 _STATE_FORMAT = "batchcast.Consumer/1"
@@ -160,6 +161,18 @@ class Consumer:
     GPU costs one GPU-to-GPU copy per loader batch; ``device="cpu"`` from a GPU
     producer costs one device-to-host copy. ``stats()`` says which was chosen.
 
+    ``late_join`` says where a consumer that connects mid-epoch starts.
+    ``"now"`` (the default): with the next batch the producer publishes; its
+    epochs are its own, each the next ``samples_per_epoch`` samples from where
+    it joined, and each holds every sample exactly once (the producer keeps its
+    loader's order in blocks to make it so: see the README's "Joining").
+    Where the producer cannot steer its loader's order (an IterableDataset,
+    a loader other than a DataLoader, a sampler it does not know), it starts
+    at the next epoch instead, as with ``"next_epoch"``. ``"catch_up"``: the
+    current epoch from its start while its first batches are still retained.
+    ``stats()["first_position"]`` says where its epochs begin in the
+    producer's (0: they are the producer's).
+
     ``group``, ``rank`` and ``world_size`` make this consumer one rank of a
     data-parallel trial (a DDP job): of each ``world_size * batch_size``
     consecutive samples of the stream, rank r takes the r-th ``batch_size``, so
@@ -191,7 +204,7 @@ class Consumer:
         *,
         drop_last: bool = False,
         timeout: float = 30.0,
-        late_join: str = "next_epoch",
+        late_join: str = "now",
         device: Any = None,
         release_after: str = "stream",
         runtime_dir: str | None = None,
@@ -208,8 +221,8 @@ class Consumer:
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
         if past_last_epoch not in ("raise", "empty"):
             raise ValueError(f"past_last_epoch must be 'raise' or 'empty', not {past_last_epoch!r}")
-        if late_join not in ("next_epoch", "catch_up"):
-            raise ValueError(f"late_join must be 'next_epoch' or 'catch_up', not {late_join!r}")
+        if late_join not in ("now", "next_epoch", "catch_up"):
+            raise ValueError(f"late_join must be 'now', 'next_epoch' or 'catch_up', not {late_join!r}")
         if release_after not in ("stream", "device"):
             raise ValueError(f"release_after must be 'stream' or 'device', not {release_after!r}")
         self.name = name
@@ -228,6 +241,7 @@ class Consumer:
             timeout=float(timeout),
             runtime_dir=runtime_dir or "",
             catch_up=late_join == "catch_up",
+            join_now=late_join == "now",
             placement=placement,
             cuda_device=cuda_device,
             release_after=_C.ReleaseAfter.STREAM if release_after == "stream" else _C.ReleaseAfter.DEVICE,
@@ -249,7 +263,8 @@ class Consumer:
             self._check_state(state)
             if state["epoch"] is not None:
                 resume = {"resume_epoch": int(state["epoch"]),
-                          "resume_position": int(state["position"])}
+                          "resume_position": int(state["position"]),
+                          "resume_offset": int(state.get("offset", 0))}
         core = _C.Consumer(**self._options, **resume)
         loader = core.stats()["loader"]
         if state is not None and state.get("loader") and loader and state["loader"] != loader:
@@ -279,11 +294,13 @@ class Consumer:
         consumes (producer, batch size, group and rank) and the producer's
         loader. Plain data: save it with the trial's checkpoint."""
         epoch, position = self._live().position()
+        stats = self._live().stats()
         return {"format": _STATE_FORMAT, "producer": self.name,
                 "epoch": epoch if epoch >= 0 else None, "position": int(position),
+                "offset": int(stats["first_position"]),
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "group": self.group, "rank": self.rank, "world_size": self.world_size,
-                "loader": self._live().stats()["loader"]}
+                "loader": stats["loader"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a ``state_dict()``: rejoins the producer there (see the

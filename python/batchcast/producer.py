@@ -12,6 +12,7 @@ from typing import Any, Iterable, Iterator, cast
 from ._core import _C
 from ._device import parse_device
 from ._in_ring import Leaser
+from ._order import BlockOrder, steering
 from ._structure import flatten_after
 
 _log = logging.getLogger("batchcast")
@@ -174,8 +175,19 @@ class Producer:
         self.name = name
         self.epochs = epochs
         self.min_consumers = min_consumers
+        own_samples = _samples_per_epoch(loader)
         if samples_per_epoch is None:
-            samples_per_epoch = _samples_per_epoch(loader)
+            samples_per_epoch = own_samples
+        # Consumers may join mid-epoch (late_join="now") when the producer
+        # can keep the loader's order in blocks (see _order).
+        why_not = steering(loader)
+        if why_not is None and samples_per_epoch != own_samples:
+            why_not = (f"samples_per_epoch={samples_per_epoch} was given, but its DataLoader's "
+                       f"epochs have {own_samples} samples")
+        self.joins_any_time = why_not is None and own_samples > 0
+        if not self.joins_any_time:
+            _log.debug("producer '%s': consumers that join mid-epoch start at the next epoch: %s",
+                       name, why_not)
         # A DataLoader's workers write its batches into the ring themselves
         # (a GPU ring: into its pinned host mirror, copied from there to the
         # GPU): each batch it hands a worker gets a slot, so the ring holds
@@ -195,8 +207,16 @@ class Producer:
             cuda_device=cuda_device if kind == "cuda" else -1,
             linger=float(linger),
             loader=_loader_identity(loader),
+            join_any_time=self.joins_any_time,
+            epochs=-1 if epochs is None else int(epochs),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
+        self._order: BlockOrder | None = None
+        if self.joins_any_time:
+            self._order = BlockOrder(getattr(loader, "batch_sampler"), own_samples)
+            # DataLoader refuses to set batch_sampler after construction; the
+            # wrapper keeps its length and attributes (restored by close()).
+            object.__setattr__(loader, "batch_sampler", self._order)
         self._leaser = Leaser(loader, self._core, in_flight) if in_place else None
         if key is not None:
             _open[key] = weakref.ref(self)
@@ -237,12 +257,23 @@ class Producer:
         batchcast.compat.tensorsocket can hand the loop to its caller)."""
         core.wait_for_consumers(1)
         self.epochs_begun = epoch + 1
-        core.begin_epoch(epoch)
+        joined_at = core.begin_epoch(epoch)
+        if self._order is not None:
+            self._order.keep(joined_at)
         iterator = iter(self.loader)
         leaser = self._leaser
         batches = 0
+        # Serving until stopped, nobody present: the loader is not asked for
+        # more until someone comes (the epoch goes on from there).
+        pause = self.epochs is None
         try:
-            for batch in iterator:
+            while True:
+                if pause and batches > 0:
+                    core.wait_for_consumers(1)
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
                 if self._stop.is_set():
                     raise _C.Stopped("producer stopped")
                 lease, in_place = None, False
@@ -347,6 +378,9 @@ class Producer:
         if self._leaser is not None:
             self._leaser.restore()  # the loader as it was given
             self._leaser = None
+        if self._order is not None:
+            object.__setattr__(self.loader, "batch_sampler", self._order.batch_sampler)
+            self._order = None
         if core is not None:
             self._stats = core.stats()
             # Waits (up to linger) for consumers to let go of a GPU ring, or,

@@ -665,3 +665,208 @@ TEST(Membership, AResumeIntoAnEpochNotBegunIsExact) {
   uint64_t s = h.batch(4);
   EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{s}));
 }
+
+// ---- joining now (join_any_time) ----------------------------------------------
+
+namespace {
+
+MembershipOptions any_time(int64_t samples, int64_t batches, int64_t epochs = -1) {
+  MembershipOptions o = with(16);
+  o.samples_per_epoch = samples;
+  o.batches_per_epoch = batches;
+  o.join_any_time = true;
+  o.epochs = epochs;
+  return o;
+}
+
+void join_now(Harness& h, const std::string& peer, int64_t pid) {
+  h.say(peer, protocol::Hello{pid, protocol::Hello::kJoinNow});
+}
+
+// What one consumer was sent, in order: "e<epoch>:<position>+<samples>" per
+// batch, "end<epoch>" per EpochEnd, "finished" for Finished.
+std::vector<std::string> story(const Harness& h, const std::string& peer) {
+  std::vector<std::string> out;
+  auto it = h.got.find(peer);
+  if (it == h.got.end()) return out;
+  for (const auto& msg : it->second) {
+    if (const auto* a = std::get_if<protocol::Announcement>(&msg)) {
+      out.push_back("e" + std::to_string(a->epoch) + ":" + std::to_string(a->position) + "+" +
+                    std::to_string(a->samples) + "#" + std::to_string(a->index));
+    } else if (const auto* e = std::get_if<protocol::EpochEnd>(&msg)) {
+      out.push_back("end" + std::to_string(e->epoch) + "/" + std::to_string(e->samples));
+    } else if (std::get_if<protocol::Finished>(&msg)) {
+      out.push_back("finished");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Membership, AConsumerJoiningNowGetsTheNextBatchAndEpochsOfItsOwn) {
+  Harness h(any_time(12, 3));  // batches of 4
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  join_now(h, "late", 11);
+  const auto w = h.of<protocol::Welcome>("late").at(0);
+  EXPECT_EQ(w.first_epoch, 0);
+  EXPECT_EQ(w.first_position, 4);
+  EXPECT_TRUE(h.said("joined (first epoch 0, from its sample 4"));
+  h.batch(4);
+  h.batch(4);
+  h.end();
+  EXPECT_EQ(h.m.steer_epoch(1), (std::vector<int64_t>{4}));
+  h.begin(1);
+  h.batch(4);
+  h.batch(4);
+  // Framed from where it joined: its epoch 0 is the producer's 4..12 of 0 and 0..4 of 1.
+  EXPECT_EQ(story(h, "late"), (std::vector<std::string>{"e0:0+4#0", "e0:4+4#1", "e0:8+4#2", "end0/12",
+                                                        "e1:0+4#0"}));
+  // The whole-stream consumer's stream is as ever.
+  EXPECT_EQ(story(h, "whole"), (std::vector<std::string>{"e0:0+4#0", "e0:4+4#1", "e0:8+4#2", "end0/12",
+                                                         "e1:0+4#0", "e1:4+4#1"}));
+  for (const ConsumerInfo& c : h.m.consumers()) EXPECT_EQ(c.first_position, c.pid == 11 ? 4 : 0);
+}
+
+TEST(Membership, JoinPositionsGoWithTheirConsumers) {
+  Harness h(any_time(12, 3));
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  join_now(h, "a", 11);
+  h.batch(4);
+  join_now(h, "b", 12);
+  join_now(h, "c", 13);  // the same place: one position
+  EXPECT_EQ(h.m.steer_epoch(0), (std::vector<int64_t>{4, 8}));
+  h.say("a", protocol::Bye{});
+  EXPECT_EQ(h.m.steer_epoch(0), (std::vector<int64_t>{8}));
+  h.dead.insert(12);
+  h.dead.insert(13);
+  h.sweep();
+  EXPECT_TRUE(h.m.steer_epoch(0).empty());
+}
+
+TEST(Membership, JoiningNowBetweenEpochsOrWithoutSteeringStartsAtTheNextEpoch) {
+  Harness h(any_time(12, 3));
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  h.batch(4);
+  h.batch(4);
+  join_now(h, "after-last-batch", 11);  // every batch of the epoch delivered: the next, whole
+  h.end();
+  join_now(h, "between", 12);
+  for (const char* peer : {"after-last-batch", "between"}) {
+    EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).first_epoch, 1) << peer;
+    EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).first_position, 0) << peer;
+  }
+  MembershipOptions fixed = any_time(12, 3);
+  fixed.join_any_time = false;  // an order the producer cannot steer
+  Harness g(fixed);
+  g.hello("whole", 10);
+  g.begin(0);
+  g.batch(4);
+  join_now(g, "x", 11);
+  join_now(g, "y", 12);
+  EXPECT_EQ(g.of<protocol::Welcome>("x").at(0).first_epoch, 1);
+  EXPECT_EQ(g.of<protocol::Welcome>("x").at(0).first_position, 0);
+  EXPECT_EQ(std::count_if(g.reports.begin(), g.reports.end(),
+                          [](const Report& r) { return r.message.find("cannot start consumers mid-epoch") !=
+                                                       std::string::npos; }),
+            1);  // said once
+}
+
+TEST(Membership, WithALastEpochALateJoinerGetsItsLastWholeEpochThenFinished) {
+  Harness h(any_time(8, 2, /*epochs=*/3));
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  join_now(h, "late", 11);  // its epochs: 0 (ends in the producer's 1) and 1 (ends in 2)
+  h.batch(4);
+  h.end();
+  h.begin(1);
+  h.batch(4);
+  h.batch(4);
+  h.end();
+  h.begin(2);
+  uint64_t last_for_it = h.batch(4);
+  uint64_t after = h.batch(4);
+  h.end();
+  EXPECT_EQ(story(h, "late"),
+            (std::vector<std::string>{"e0:0+4#0", "e0:4+4#1", "end0/8", "e1:0+4#0", "e1:4+4#1", "end1/8",
+                                      "finished"}));
+  EXPECT_EQ(h.seqs("late").back(), last_for_it);
+  EXPECT_EQ(h.m.active(), 1);  // it gets nothing more: the producer may stop for nobody
+  (void)after;
+  // Joining in the last epoch: no whole epoch of its own is left, it waits for the next (none).
+  Harness g(any_time(8, 2, /*epochs=*/1));
+  g.hello("whole", 10);
+  g.begin(0);
+  g.batch(4);
+  join_now(g, "late", 11);
+  EXPECT_EQ(g.of<protocol::Welcome>("late").at(0).first_epoch, 1);
+}
+
+TEST(Membership, AGroupJoiningNowStartsWhereItsLastRankCame) {
+  Harness h(any_time(12, 3));
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  protocol::Hello r0{20, protocol::Hello::kJoinNow, 4, "g", 0, 2};
+  protocol::Hello r1{21, protocol::Hello::kJoinNow, 4, "g", 1, 2};
+  h.say("r0", r0);
+  h.batch(4);
+  EXPECT_TRUE(h.seqs("r0").empty());  // waits for its group
+  h.say("r1", r1);
+  for (const char* peer : {"r0", "r1"}) {
+    const auto ready = h.of<protocol::GroupReady>(peer).at(0);
+    EXPECT_EQ(ready.first_epoch, 0);
+    EXPECT_EQ(ready.first_position, 8);
+  }
+  h.batch(4);
+  h.end();
+  h.begin(1);
+  h.batch(4);
+  h.batch(4);
+  EXPECT_EQ(story(h, "r1"), (std::vector<std::string>{"e0:0+4#0", "e0:4+4#1", "e0:8+4#2", "end0/12"}));
+  // A rank leaving mid-epoch of its own ends the group from that epoch of its own.
+  h.say("r0", protocol::Bye{});
+  EXPECT_EQ(h.of<protocol::GroupBroken>("r1").at(0).epoch, 1);
+}
+
+TEST(Membership, AResumeOfAnEpochThatBeganMidEpochIsExactWhileHeldAndItsPositionKept) {
+  Harness h(any_time(12, 3));
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  h.batch(4);  // the producer's 0..8 of epoch 0
+  // Its epoch 0 began at 4 of the producer's; it took 4 samples and stopped: it resumes at the producer's 8.
+  protocol::Hello back{11, protocol::Hello::kJoinNow};
+  back.resume_epoch = 0;
+  back.resume_position = 4;
+  back.resume_offset = 4;
+  h.say("back", back);
+  const auto w = h.of<protocol::Welcome>("back").at(0);
+  EXPECT_EQ(w.resume, protocol::Resume::Exact);
+  EXPECT_EQ(w.first_epoch, 0);
+  EXPECT_EQ(w.first_position, 4);
+  EXPECT_EQ(w.resume_position, 4);
+  h.batch(4);
+  EXPECT_EQ(story(h, "back"), (std::vector<std::string>{"e0:4+4#1"}));  // its next sample on
+  EXPECT_EQ(h.m.counters().resumed, 1);
+  // Its position was no longer kept: the producer's epoch 1 was steered without it.
+  h.end();
+  h.say("back", protocol::Bye{});
+  h.release("back", h.seqs("back"));
+  EXPECT_TRUE(h.m.steer_epoch(1).empty());
+  h.begin(1);
+  protocol::Hello later = back;
+  later.pid = 12;
+  later.resume_position = 10;  // in the producer's epoch 1, before 4: the blocks moved
+  h.say("later", later);
+  EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).resume, protocol::Resume::NextPass);
+  EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).first_position, 0);
+  EXPECT_TRUE(h.said("no longer holds"));
+}

@@ -32,6 +32,7 @@ Welcome host_welcome() {
   w.first_epoch = 2;
   w.samples_per_epoch = 1003;
   w.slots = 8;
+  w.first_position = 96;
   return w;
 }
 
@@ -44,6 +45,8 @@ Hello group_hello() {
   h.world_size = 4;
   h.resume_epoch = 3;
   h.resume_position = 4480;
+  h.resume_offset = 640;
+  h.flags = Hello::kJoinNow;
   return h;
 }
 
@@ -97,7 +100,7 @@ TEST(Protocol, EveryKindRoundTrips) {
                               StatusRequest{},
                               protocol::Status{R"({"name":"imagenet","consumers":[]})"},
                               Mapped{},
-                              GroupReady{3, Resume::Exact, 4480},
+                              GroupReady{3, Resume::Exact, 4480, 640},
                               GroupBroken{2, "rank 1 exited"},
                               MailboxReady{7, 1u << 20, 1u << 19, 1u << 18, 8, 10},
                               group_hello()};
@@ -311,6 +314,9 @@ TEST(Protocol, InconsistentGroupsAndResumesAreRejected) {
   rejects(h);
   h = group_hello();
   h.resume_position = -1;
+  rejects(h);
+  h = group_hello();
+  h.resume_offset = -8;
   rejects(h);
   h = group_hello();
   h.group = std::string(kMaxGroupName + 1, 'g');

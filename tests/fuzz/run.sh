@@ -14,7 +14,7 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 python3 - "$out/corpus" <<'PY'
 import struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-VERSION = 6  # protocol::kVersion
+VERSION = 8  # protocol::kVersion
 head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
 host_ring = struct.pack("<iQB", 5, 4096, 0)

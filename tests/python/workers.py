@@ -145,7 +145,7 @@ def consume(args: argparse.Namespace) -> None:
         warnings.showwarning = show
     consumer = bc.Consumer(args.name, batch_size=args.batch_size or None, drop_last=args.drop_last,
                            timeout=args.timeout, device=args.device or None,
-                           late_join="catch_up" if args.catch_up else "next_epoch",
+                           late_join=args.late_join or ("catch_up" if args.catch_up else "next_epoch"),
                            state=state, writable=args.writable, **group)
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "max_wait": 0.0}
@@ -279,6 +279,8 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--catch-up", action="store_true")
+    parser.add_argument("--late-join", default="", choices=["", "now", "next_epoch", "catch_up"],
+                        help="consumer: Consumer(late_join=...); default next_epoch (or --catch-up)")
     parser.add_argument("--save-after", type=int, default=0,
                         help="consumer: after this many samples, save state_dict() to --save-state "
                              "and stop")

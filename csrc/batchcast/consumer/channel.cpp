@@ -22,13 +22,15 @@ SessionOptions session_options(const ChannelOptions& options) {
   SessionOptions s;
   s.name = options.name;
   s.hello.pid = ::getpid();
-  s.hello.flags = options.catch_up ? protocol::Hello::kCatchUp : 0u;
+  s.hello.flags = (options.catch_up ? protocol::Hello::kCatchUp : 0u) |
+                  (options.join_now ? protocol::Hello::kJoinNow : 0u);
   s.hello.batch_size = options.batch_size;
   s.hello.group = options.group;
   s.hello.rank = options.rank;
   s.hello.world_size = options.world_size;
   s.hello.resume_epoch = options.resume_epoch;
   s.hello.resume_position = options.resume_position;
+  s.hello.resume_offset = options.resume_offset;
   return s;
 }
 

@@ -49,12 +49,14 @@ struct ChannelOptions {
   std::string name;      // the producer's
   std::string endpoint;  // where it listens
   bool catch_up = false;
+  bool join_now = false;
   int64_t batch_size = 0;  // told to the producer, for its status (0: the loader's)
   std::string group;       // a consumer group's name, this rank and the world size (0: none)
   int32_t rank = 0;
   int32_t world_size = 0;
   int64_t resume_epoch = -1;  // >= 0: continue that epoch at resume_position
   int64_t resume_position = 0;
+  int64_t resume_offset = 0;
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.
   std::function<void()> interrupt;

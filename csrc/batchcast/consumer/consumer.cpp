@@ -40,8 +40,8 @@ ConsumerOptions checked(ConsumerOptions o) {
     throw InvalidArgument("writable=True and shared_gpu_views=True ask for opposite things: batches you may "
                           "modify (private copies), and views of GPU memory every consumer shares; pass one");
   }
-  if (o.resume_epoch < -1 || o.resume_position < 0) {
-    throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume) and resume_position >= 0");
+  if (o.resume_epoch < -1 || o.resume_position < 0 || o.resume_offset < 0) {
+    throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume), resume_position and resume_offset >= 0");
   }
   return o;
 }
@@ -69,12 +69,14 @@ Consumer::Consumer(ConsumerOptions options)
   channel.name = options_.name;
   channel.endpoint = endpoint;
   channel.catch_up = options_.catch_up;
+  channel.join_now = options_.join_now;
   channel.batch_size = options_.batch_size.value_or(0);
   channel.group = options_.group;
   channel.rank = options_.rank;
   channel.world_size = options_.world_size;
   channel.resume_epoch = options_.resume_epoch;
   channel.resume_position = options_.resume_position;
+  channel.resume_offset = options_.resume_offset;
   channel.release_after = options_.release_after;
   channel.interrupt = options_.interrupt;
   channel_ = Channel::connect(std::move(channel));
@@ -86,7 +88,10 @@ Consumer::Consumer(ConsumerOptions options)
     life_ = Lifecycle(/*grouping=*/w.first_epoch < 0);
     if (!life_.grouping()) {
       next_epoch_ = first_epoch_ = w.first_epoch;
+      first_position_ = w.first_position;
       resume_from(w.resume, w.first_epoch, w.resume_position);
+    } else {
+      first_position_ = options_.resume_offset;  // until GroupReady says where the group starts
     }
     // The ring has room for slots+1 loader batches in flight; holding at most
     // this many pending (plus the batch the caller holds) always leaves the
@@ -212,6 +217,7 @@ void Consumer::await_group() {
     if (auto* ready = std::get_if<protocol::GroupReady>(&m)) {
       life_.group_ready();
       next_epoch_ = first_epoch_ = ready->first_epoch;
+      first_position_ = ready->first_position;
       resume_from(ready->resume, ready->first_epoch, ready->resume_position);
     } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
       loader_failed_ = *failed;
@@ -575,6 +581,7 @@ ConsumerStats Consumer::stats() const {
   const ChannelStats c = channel_->stats();
   s.id = id_;
   s.epoch = epoch_;
+  s.first_position = first_position_;
   s.batches = batches_;
   s.samples = samples_;
   s.loader_batches = c.received;

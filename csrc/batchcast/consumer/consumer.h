@@ -61,6 +61,9 @@ enum class Placement {
   X(bool, drop_last, false)                                                                \
   X(double, timeout, 30.0) /* seconds to wait for the producer to answer */               \
   X(bool, catch_up, false) /* joining mid-epoch: that epoch from its start, if retained */ \
+  /* joining mid-epoch: start with the next batch, epochs of its own from there     */    \
+  /* (when the producer can keep each one the whole dataset; else the next epoch)   */    \
+  X(bool, join_now, false)                                                                 \
   X(std::string, runtime_dir, "") /* empty: the per-user default */                        \
   X(Placement, placement, Placement::Auto)                                                 \
   X(int, cuda_device, -1) /* with Placement::Cuda */                                       \
@@ -78,6 +81,7 @@ enum class Placement {
   /* sample position resume_position of its stream (a saved position()).            */    \
   X(int64_t, resume_epoch, -1)                                                             \
   X(int64_t, resume_position, 0)                                                           \
+  X(int64_t, resume_offset, 0) /* the saved epochs began there in the producer's */       \
   /* An epoch asked for after the producer served all its epochs: empty (true), or  */    \
   /* EpochsExhausted (false: a training loop must not quietly get nothing).         */    \
   X(bool, empty_past_last_epoch, false)                                                    \
@@ -104,6 +108,9 @@ struct ConsumerOptions {
 #define BATCHCAST_CONSUMER_STATS(X)                                                          \
   X(uint64_t, id, 0)                                                                         \
   X(int64_t, epoch, -1)                                                                      \
+  /* joined mid-epoch: its epochs begin at this sample of the producer's (0: they  */        \
+  /* are the producer's)                                                            */       \
+  X(int64_t, first_position, 0)                                                              \
   X(int64_t, batches, 0)          /* handed to the caller */                                 \
   X(int64_t, samples, 0)                                                                     \
   X(int64_t, loader_batches, 0)   /* announcements received */                               \
@@ -206,6 +213,7 @@ class Consumer {
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;
   int64_t first_epoch_ = -1; // the producer's epoch this consumer started at
+  int64_t first_position_ = 0;  // where its epochs begin in the producer's (joined mid-epoch)
   Lifecycle life_{false};    // where it is in its epochs (lifecycle.h)
   std::optional<protocol::Finished> end_;  // how the producer's stream ended
   std::optional<protocol::LoaderFailed> loader_failed_;  // in an error: every later epoch raises it

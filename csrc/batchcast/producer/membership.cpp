@@ -72,6 +72,7 @@ std::vector<ConsumerInfo> Membership::consumers() const {
     info.pid = m.pid;
     info.batch_size = m.batch_size;
     info.first_epoch = m.waiting_for_group ? -1 : m.first_epoch;
+    info.first_position = m.offset;
     info.batches_sent = m.batches_sent;
     info.stall_seconds = m.stall_seconds;
     info.holding_up = !holding_up_.empty() && holding_up_ == peer;
@@ -236,8 +237,8 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
     m.waiting_for_group = true;
     m.first_epoch = std::numeric_limits<int64_t>::max();
   } else {
-    start = start_for(hello, (hello.flags & protocol::Hello::kCatchUp) != 0, out);
-    m.first_epoch = start.first_epoch;
+    start = start_for(hello, hello.flags, out);
+    start_framed(m, start);
   }
   auto& member = members_.emplace(peer, m).first->second;
   counters_.joins += 1;
@@ -246,7 +247,11 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
          who(member) +
              (group != 0 ? " joined as rank " + std::to_string(hello.rank) + " of consumer group '" +
                                hello.group + "' (" + std::to_string(hello.world_size) + " ranks)"
-                         : " joined (first epoch " + std::to_string(member.first_epoch) + ")"));
+                         : " joined (first epoch " + std::to_string(member.first_epoch) +
+                               (member.offset > 0 ? ", from its sample " + std::to_string(member.offset) +
+                                                        ": its epochs begin there"
+                                                  : std::string()) +
+                               ")"));
 
   protocol::Welcome w;
   w.producer_pid = options_.producer_pid;
@@ -264,6 +269,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.producer_epoch = delivered_epoch_;
   w.consumers_wanted = static_cast<int32_t>(std::min(awaiting_, kMost));
   w.consumers_present = static_cast<int32_t>(std::min(active(), kMost));
+  w.first_position = start.offset;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
   if (group == 0) {
@@ -313,17 +319,15 @@ uint64_t Membership::admit_to_group(const std::string& peer, const protocol::Hel
 void Membership::start_group(uint64_t id, Actions& out) {
   Group& g = groups_.at(id);
   g.complete = true;
-  bool catch_up = true;
-  for (const auto& [rank, peer] : g.ranks) {
-    catch_up = catch_up && (members_.at(peer).hello.flags & protocol::Hello::kCatchUp) != 0;
-  }
-  const Start start = start_for(members_.at(g.ranks.at(0)).hello, catch_up, out);
-  auto ready = std::make_shared<const std::string>(
-      protocol::encode(protocol::GroupReady{start.first_epoch, start.resume, start.position}));
+  uint32_t flags = ~0u;  // what every rank asked for
+  for (const auto& [rank, peer] : g.ranks) flags &= members_.at(peer).hello.flags;
+  const Start start = start_for(members_.at(g.ranks.at(0)).hello, flags, out);
+  auto ready = std::make_shared<const std::string>(protocol::encode(
+      protocol::GroupReady{start.first_epoch, start.resume, start.position, start.offset}));
   for (const auto& [rank, peer] : g.ranks) {
     Member& m = members_.at(peer);
     m.waiting_for_group = false;
-    m.first_epoch = start.first_epoch;
+    start_framed(m, start);
     send(out, peer, ready);
     begin(peer, m, start, out);
   }
@@ -331,16 +335,40 @@ void Membership::start_group(uint64_t id, Actions& out) {
   report(out, Report::Level::Info,
          "consumer group '" + g.name + "' of producer '" + options_.name + "': all " +
              std::to_string(g.world_size) + " ranks are present; it starts at epoch " +
-             std::to_string(start.first_epoch));
+             std::to_string(start.first_epoch) +
+             (start.offset > 0 ? " from its sample " + std::to_string(start.offset) : std::string()));
+}
+
+// The held batches of epoch e from the one holding sample `pos` on, if every
+// one of them up to the epoch's `delivered`-th batch is still held.
+bool Membership::held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) const {
+  int64_t expect = -1;
+  for (const auto& [seq, hold] : slots_.held()) {
+    if (!hold.batch || hold.batch->epoch != e) continue;
+    if (expect < 0) {
+      if (pos < hold.position || pos >= hold.position + hold.batch->samples) continue;
+      expect = hold.batch->index;
+    }
+    if (hold.batch->index != expect) break;  // a batch in between is gone
+    s.batches.push_back(hold.batch);
+    expect += 1;
+  }
+  if (expect == delivered) return true;
+  s.batches.clear();
+  return false;
 }
 
 // Where a newcomer starts: the next epoch; with catch-up, the current one from
-// its start while all of it is retained; resuming, epoch e at position s while
-// every batch of it from the one holding s is still held, else positions from
-// s of the next pass.
-Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch_up, Actions& out) {
+// its start while all of it is retained; joining now, with the next batch
+// (join_now); resuming, epoch e at position s while every batch of it from
+// the one holding s is still held, else positions from s of the next pass.
+Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t flags, Actions& out) {
   Start s;
   s.first_epoch = next_joinable_epoch_;
+  if (hello.resume_epoch >= 0 && hello.resume_offset > 0) {
+    resume_framed(s, hello, out);
+    return s;
+  }
   if (hello.resume_epoch >= 0) {
     int64_t e = hello.resume_epoch;
     int64_t pos = hello.resume_position;
@@ -348,34 +376,16 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
       e += 1;  // saved after the last sample of an epoch that ended: the next one
       pos = 0;
     }
-    // The held batches of epoch e from the one holding pos, if every one of
-    // them up to the epoch's last delivered batch is still held.
-    auto held_from = [&](int64_t delivered) {
-      int64_t expect = -1;
-      for (const auto& [seq, hold] : slots_.held()) {
-        if (!hold.batch || hold.batch->epoch != e) continue;
-        if (expect < 0) {
-          if (pos < hold.position || pos >= hold.position + hold.batch->samples) continue;
-          expect = hold.batch->index;
-        }
-        if (hold.batch->index != expect) break;  // a batch in between is gone
-        s.batches.push_back(hold.batch);
-        expect += 1;
-      }
-      if (expect == delivered) return true;
-      s.batches.clear();
-      return false;
-    };
     bool exact = false;
     if (e == delivered_epoch_ && pos >= delivered_samples_in_epoch_) {
       exact = true;  // nothing at or after pos was served yet
     } else if (e == delivered_epoch_) {
-      exact = held_from(delivered_in_epoch_);
+      exact = held_from(e, pos, delivered_in_epoch_, s);
     } else if (e == next_joinable_epoch_ && e != delivered_epoch_) {
       exact = true;  // that epoch has not begun: it is served from its start
     } else if (last_end_ && e == last_end_->epoch && delivered_epoch_ < 0) {
       // The epoch that ended last, the next not begun: its rest, still held, and its end.
-      exact = held_from(last_end_->batches);
+      exact = held_from(e, pos, last_end_->batches, s);
       if (exact) s.end = *last_end_;
     }
     s.position = pos;
@@ -385,17 +395,11 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
       s.resume = protocol::Resume::Exact;
       counters_.resumed += 1;
     } else {
-      s.resume = protocol::Resume::NextPass;
-      counters_.resumed_next_pass += 1;
-      report(out, Report::Level::Notice,
-             "consumer pid " + std::to_string(hello.pid) + " of producer '" + options_.name +
-                 "' resumes epoch " + std::to_string(e) + " at sample " + std::to_string(pos) +
-                 ", which the producer no longer holds; it gets positions from " + std::to_string(pos) +
-                 " of epoch " + std::to_string(s.first_epoch) + " instead");
+      resumed_next_pass(s, hello, e, pos, out);
     }
     return s;
   }
-  const bool catching = catch_up && delivered_epoch_ >= 0;
+  const bool catching = (flags & protocol::Hello::kCatchUp) != 0 && delivered_epoch_ >= 0;
   if (catching && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
     s.first_epoch = delivered_epoch_;
     for (uint64_t seq : retained_) s.batches.push_back(slots_.held().at(seq).batch);
@@ -405,17 +409,155 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, bool catch
                " of producer '" + options_.name + "' after its first " +
                std::to_string(options_.catch_up_window) + " batches (catch_up_window); it starts at epoch " +
                std::to_string(s.first_epoch));
+  } else if ((flags & protocol::Hello::kJoinNow) != 0) {
+    join_now(s, hello, out);
   }
   return s;
+}
+
+void Membership::resumed_next_pass(Start& s, const protocol::Hello& hello, int64_t e, int64_t pos,
+                                   Actions& out) {
+  s.resume = protocol::Resume::NextPass;
+  s.position = pos;
+  counters_.resumed_next_pass += 1;
+  report(out, Report::Level::Notice,
+         "consumer pid " + std::to_string(hello.pid) + " of producer '" + options_.name + "' resumes epoch " +
+             std::to_string(e) + " at sample " + std::to_string(pos) +
+             ", which the producer no longer holds; it gets positions from " + std::to_string(pos) +
+             " of epoch " + std::to_string(s.first_epoch) + " instead");
+}
+
+// Mid-epoch, joining now: it starts with the next batch, its epochs begin
+// where it joined. Between epochs it starts at the next, whole, as anyone.
+void Membership::join_now(Start& s, const protocol::Hello& hello, Actions& out) {
+  const int64_t at = delivered_samples_in_epoch_;
+  if (delivered_epoch_ < 0 || at <= 0) return;
+  if (options_.samples_per_epoch >= 0 && at >= options_.samples_per_epoch) return;  // it ended: the next
+  if (!options_.join_any_time || options_.samples_per_epoch <= 0 || options_.batches_per_epoch <= 0) {
+    if (!told_cannot_join_now_) {
+      told_cannot_join_now_ = true;
+      report(out, Report::Level::Info,
+             "producer '" + options_.name + "' cannot start consumers mid-epoch (its loader's order is "
+             "not its to keep: an IterableDataset, a loader other than a DataLoader, or a sampler it "
+             "cannot steer); consumer pid " + std::to_string(hello.pid) + " and any other joining "
+             "mid-epoch start at the next epoch");
+    }
+    return;
+  }
+  // With a last epoch, one of its own must fit before it ends: else the next
+  // (there is none: it hears that the producer served its epochs).
+  if (options_.epochs >= 0 && delivered_epoch_ + 1 >= options_.epochs) return;
+  s.first_epoch = delivered_epoch_;
+  s.offset = at;
+  s.offset_index = delivered_in_epoch_;
+}
+
+// Resuming an epoch of its own that began at sample q > 0 of the producer's
+// epoch of its number: exact while every batch from its position on is still
+// held or not served yet, and the producer's epoch holding that position
+// keeps the samples before q the set they were (q is one of the positions it
+// was steered by, or it has not begun: the resumed consumer's q will be).
+void Membership::resume_framed(Start& s, const protocol::Hello& hello, Actions& out) {
+  const int64_t whole = options_.samples_per_epoch;
+  const int64_t q = hello.resume_offset;
+  int64_t e = hello.resume_epoch;
+  int64_t own = hello.resume_position;
+  if (whole > 0 && own >= whole) {
+    e += 1;  // saved after its epoch's last sample: the next one
+    own = 0;
+  }
+  int64_t at_epoch = e;  // where that is in the producer's epochs
+  int64_t at = q + own;
+  if (whole > 0 && at >= whole) {
+    at_epoch += 1;
+    at -= whole;
+  }
+  bool exact = options_.join_any_time && whole > 0 && loader_batch_samples_ > 0 && q < whole &&
+               q % loader_batch_samples_ == 0 && options_.batches_per_epoch > 0;
+  const bool order_kept = at_epoch == e || steered_epoch_ < at_epoch ||
+                          (steered_epoch_ == at_epoch && std::binary_search(steered_.begin(), steered_.end(), q));
+  exact = exact && order_kept;
+  if (exact) {
+    if (at_epoch == delivered_epoch_) {
+      exact = at >= delivered_samples_in_epoch_ || held_from(at_epoch, at, delivered_in_epoch_, s);
+    } else if (at_epoch == next_joinable_epoch_) {
+      exact = true;  // not begun: served from its start
+    } else if (last_end_ && at_epoch == last_end_->epoch && delivered_epoch_ < 0) {
+      exact = held_from(at_epoch, at, last_end_->batches, s);
+    } else {
+      exact = false;
+    }
+  }
+  if (exact) {
+    s.first_epoch = e;
+    s.resume = protocol::Resume::Exact;
+    s.position = own;
+    s.offset = q;
+    s.offset_index = q / loader_batch_samples_;
+    counters_.resumed += 1;
+    return;
+  }
+  s.batches.clear();
+  s.first_epoch = next_joinable_epoch_;  // its epochs begin where the producer's do from now on
+  resumed_next_pass(s, hello, hello.resume_epoch, hello.resume_position, out);
+}
+
+void Membership::start_framed(Member& m, const Start& start) {
+  m.first_epoch = start.first_epoch;
+  m.offset = start.offset;
+  m.offset_index = start.offset_index;
+  // Its epoch e ends in the producer's e + 1: the last one that does is its last.
+  if (m.offset > 0 && options_.epochs >= 0) m.last_epoch = options_.epochs - 2;
+}
+
+// The own epoch in progress of a member (or its next, between them).
+int64_t Membership::own_epoch(const Member& m) const {
+  if (delivered_epoch_ < 0) return m.offset > 0 ? next_joinable_epoch_ - 1 : next_joinable_epoch_;
+  return delivered_samples_in_epoch_ < m.offset ? delivered_epoch_ - 1 : delivered_epoch_;
+}
+
+bool Membership::hand(Actions& out, const std::string& peer, Member& m,
+                      const std::shared_ptr<const protocol::Announcement>& batch,
+                      std::map<int64_t, std::shared_ptr<const std::string>>& encoded) {
+  const protocol::Announcement& a = *batch;
+  const bool before = a.position < m.offset;  // the end of an epoch of its own
+  const int64_t epoch = before ? a.epoch - 1 : a.epoch;
+  if (epoch < m.first_epoch || epoch > m.last_epoch) return false;
+  auto& bytes = encoded[m.offset];
+  if (!bytes) {
+    protocol::Announcement framed = a;
+    if (m.offset > 0) {
+      framed.epoch = epoch;
+      framed.position = before ? a.position + options_.samples_per_epoch - m.offset : a.position - m.offset;
+      framed.index = before ? a.index + options_.batches_per_epoch - m.offset_index : a.index - m.offset_index;
+    }
+    bytes = encode_batch(std::move(framed));
+  }
+  m.batches_sent += 1;
+  m.sent_upto = std::max(m.sent_upto, a.seq);
+  send(out, peer, bytes);
+  if (!before || a.position + a.samples < m.offset) return true;
+  if (a.position + a.samples > m.offset) {
+    throw std::logic_error("producer '" + options_.name + "': loader batch " + std::to_string(a.index) +
+                           " of epoch " + std::to_string(a.epoch) + " spans sample " + std::to_string(m.offset) +
+                           ", where a consumer's epochs begin (the loader's batches moved)");
+  }
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(
+                      protocol::EpochEnd{epoch, options_.samples_per_epoch, options_.batches_per_epoch})));
+  if (epoch >= m.last_epoch) {  // its last whole epoch: nothing more comes to it
+    send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Finished{epoch + 1, false})));
+    m.leaving = true;
+    out.members_changed = true;
+  }
+  return true;
 }
 
 // The held batches a newcomer starts with (catch-up, resume): it holds them too.
 void Membership::begin(const std::string& peer, Member& member, const Start& start, Actions& out) {
   for (const auto& batch : start.batches) {
-    slots_.add_holder(batch->seq, peer);
-    member.batches_sent += 1;
-    member.sent_upto = std::max(member.sent_upto, batch->seq);
-    send(out, peer, encode_batch(*batch));
+    std::map<int64_t, std::shared_ptr<const std::string>> encoded;
+    if (member.leaving) break;  // its last epoch ended among them
+    if (hand(out, peer, member, batch, encoded)) slots_.add_holder(batch->seq, peer);
   }
   if (start.end) send(out, peer, std::make_shared<const std::string>(protocol::encode(*start.end)));
 }
@@ -434,7 +576,8 @@ void Membership::break_group(const std::string& peer, const std::string& what, A
     if (g->second.ranks.empty()) groups_.erase(g);
     return;
   }
-  const int64_t epoch = delivered_epoch_ >= 0 ? delivered_epoch_ : next_joinable_epoch_;
+  // (every rank's epochs are the group's: the same own epoch for each)
+  const int64_t epoch = own_epoch(member->second);
   const std::string reason =
       "rank " + std::to_string(hello.rank) + " (pid " + std::to_string(member->second.pid) +
       ") of consumer group '" + g->second.name + "' of batchcast producer '" + options_.name + "' " + what +
@@ -509,19 +652,17 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
   }
   delivered_in_epoch_ += 1;
   if (delivered_in_epoch_ > options_.catch_up_window) end_retention();
-  auto bytes = encode_batch(batch);
+  if (batch.index == 0) loader_batch_samples_ = batch.samples;
   auto shared = std::make_shared<const protocol::Announcement>(std::move(batch));
   const int64_t position = delivered_samples_in_epoch_;
   delivered_samples_in_epoch_ += shared->samples;
   const bool retained = delivered_in_epoch_ <= options_.catch_up_window;
   if (retained) retained_.push_back(shared->seq);
   std::set<std::string> holders;
+  std::map<int64_t, std::shared_ptr<const std::string>> encoded;  // by where members' epochs begin
   for (auto& [peer, m] : members_) {
     if (m.leaving || m.first_epoch > delivered_epoch_) continue;
-    holders.insert(peer);
-    m.batches_sent += 1;
-    m.sent_upto = std::max(m.sent_upto, shared->seq);
-    send(out, peer, bytes);
+    if (hand(out, peer, m, shared, encoded)) holders.insert(peer);
   }
   slots_.deliver(shared->seq, std::move(holders), retained, now, shared, position);
   return out;
@@ -537,7 +678,24 @@ Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   next_joinable_epoch_ = std::max(next_joinable_epoch_, end.epoch + 1);
   if (options_.samples_per_epoch < 0) options_.samples_per_epoch = end.samples;
   if (options_.batches_per_epoch < 0) options_.batches_per_epoch = end.batches;
-  broadcast(out, end, end.epoch);
+  auto bytes = std::make_shared<const std::string>(protocol::encode(end));
+  for (auto& [peer, m] : members_) {
+    if (m.leaving || m.first_epoch > end.epoch) continue;
+    if (m.offset == 0) {
+      send(out, peer, bytes);
+    } else if (end.samples != options_.samples_per_epoch) {
+      // Its epochs span the producer's: one of another length breaks them.
+      const std::string message =
+          "the producer's epoch " + std::to_string(end.epoch) + " had " + std::to_string(end.samples) +
+          " samples, not " + std::to_string(options_.samples_per_epoch) + " as every epoch before: a consumer "
+          "that joined mid-epoch cannot get every sample of its epochs exactly once (did the dataset's length "
+          "change?)";
+      send(out, peer, std::make_shared<const std::string>(
+                          protocol::encode(protocol::LoaderFailed{own_epoch(m), message})));
+      m.leaving = true;
+      out.members_changed = true;
+    }
+  }
   return out;
 }
 
@@ -562,6 +720,16 @@ void Membership::end_retention() {
   for (uint64_t seq : retained) {
     slots_.unretain(seq);
   }
+}
+
+std::vector<int64_t> Membership::steer_epoch(int64_t epoch) {
+  std::set<int64_t> at;
+  for (const auto& [peer, m] : members_) {
+    if (!m.leaving && m.offset > 0) at.insert(m.offset);
+  }
+  steered_.assign(at.begin(), at.end());
+  steered_epoch_ = epoch;
+  return steered_;
 }
 
 // ---- liveness and stragglers ------------------------------------------------

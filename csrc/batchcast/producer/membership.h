@@ -10,7 +10,14 @@
 // - Join: a consumer that says Hello before an epoch's first batch takes part
 //   in that epoch, otherwise it starts at the next one. With catch-up, it gets
 //   the current epoch from its start while the epoch's first batches are still
-//   retained (catch_up_window).
+//   retained (catch_up_window). Joining now (while the producer steers its
+//   loader's order, join_any_time), it gets the next batch: its epochs are
+//   its own, each from its join position p of one producer epoch to p of the
+//   next. What it is sent is framed so (epoch, index and position counted
+//   from p; its own EpochEnd at p), and the producer keeps the samples before
+//   every such p the same set from epoch to epoch (join_positions), so each
+//   of its epochs is the whole dataset. With a finite number of epochs, its
+//   last epoch is the last whole one: then it is told Finished.
 // - Lockstep: a slot is free once every consumer it was announced to has
 //   released it (and the catch-up window no longer retains it).
 // - Leave: Bye means "send nothing more"; the slots the consumer still
@@ -42,6 +49,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,6 +74,10 @@ struct MembershipOptions {
   int64_t batches_per_epoch = -1;
   protocol::Ring ring;            // where the ring is (a GPU's UUID) before it exists
   std::string loader;             // the loader's description, for resuming consumers
+  // The producer keeps, from epoch to epoch, the samples before each join
+  // position the same set (join_positions): consumers may join now.
+  bool join_any_time = false;
+  int64_t epochs = -1;            // epochs it serves; -1: until stopped
 };
 
 // What the producer knows of one consumer (in its stats and `batchcast status`).
@@ -74,6 +86,7 @@ struct MembershipOptions {
   X(int64_t, pid, 0)                                                                             \
   X(int64_t, batch_size, 0)    /* its own (0: the loader's batches as they are) */               \
   X(int64_t, first_epoch, 0)                                                                     \
+  X(int64_t, first_position, 0) /* joined mid-epoch: where its epochs begin in the producer's */   \
   X(int64_t, slots_held, 0)    /* slots it has not released (announced, queued or referenced) */ \
   X(int64_t, slots_pinned, 0)  /* of those, slots it has moved past: batches it keeps */         \
   X(int64_t, lag, 0)           /* of those, batches sent that it has not consumed yet */         \
@@ -171,6 +184,11 @@ class Membership {
   const MembershipCounters& counters() const { return counters_; }
   int32_t pin_budget() const;
   int64_t slots_held() const { return static_cast<int64_t>(slots_.held().size()); }
+  // Where the consumers present joined mid-epoch (sorted, > 0): the producer
+  // keeps the samples before each the same set in its next epoch. Called as
+  // an epoch begins (nothing of the last one still to deliver), which records
+  // them as that epoch's (a resume into it is exact only at one of them).
+  std::vector<int64_t> steer_epoch(int64_t epoch);
 
  private:
   struct Member {
@@ -188,6 +206,11 @@ class Membership {
     protocol::Hello hello;       // as it joined (group, rank, resume)
     uint64_t group = 0;          // its group's id; 0: none
     bool waiting_for_group = false;
+    // Joined mid-epoch: its epochs begin at this position of the producer's
+    // (the batch of this index); its last whole epoch (then Finished).
+    int64_t offset = 0;
+    int64_t offset_index = 0;
+    int64_t last_epoch = std::numeric_limits<int64_t>::max();
   };
   // One generation of a named group: a restarted group is a new one, formed
   // beside the old until that one breaks.
@@ -205,13 +228,25 @@ class Membership {
     int64_t position = 0;
     std::vector<std::shared_ptr<const protocol::Announcement>> batches;  // held ones to send
     std::optional<protocol::EpochEnd> end;  // resumed into an epoch that has ended: its end too
+    int64_t offset = 0;        // joined now: where its epochs begin (see Member)
+    int64_t offset_index = 0;
   };
   enum class Departure { Unmapped, Crashed };
 
   void join(const std::string& peer, const protocol::Hello& hello, Actions& out);
   uint64_t admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out);
   void start_group(uint64_t id, Actions& out);
-  Start start_for(const protocol::Hello& hello, bool catch_up, Actions& out);
+  Start start_for(const protocol::Hello& hello, uint32_t flags, Actions& out);
+  void join_now(Start& s, const protocol::Hello& hello, Actions& out);
+  void resume_framed(Start& s, const protocol::Hello& hello, Actions& out);
+  void resumed_next_pass(Start& s, const protocol::Hello& hello, int64_t e, int64_t pos, Actions& out);
+  bool held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) const;
+  void start_framed(Member& m, const Start& start);
+  // A batch to one member: framed in its epochs, its own epoch's end after it.
+  bool hand(Actions& out, const std::string& peer, Member& m,
+            const std::shared_ptr<const protocol::Announcement>& batch,
+            std::map<int64_t, std::shared_ptr<const std::string>>& encoded);
+  int64_t own_epoch(const Member& m) const;  // the epoch of its own in progress (or next)
   void begin(const std::string& peer, Member& member, const Start& start, Actions& out);
   void break_group(const std::string& peer, const std::string& what, Actions& out);
   void refuse(Actions& out, const std::string& peer, std::string reason);
@@ -233,6 +268,10 @@ class Membership {
   int64_t delivered_epoch_ = -1;            // epoch in progress; -1 between epochs
   int64_t delivered_in_epoch_ = 0;
   int64_t delivered_samples_in_epoch_ = 0;
+  int64_t loader_batch_samples_ = 0;         // an epoch's first batch's: every batch's but the last
+  std::vector<int64_t> steered_;             // the join positions the epoch in progress was steered by
+  int64_t steered_epoch_ = -1;
+  bool told_cannot_join_now_ = false;
   std::optional<protocol::EpochEnd> last_end_;  // of the last epoch that ended
   std::map<uint64_t, Group> groups_;        // forming or complete; a broken group leaves
   uint64_t next_group_ = 1;

@@ -41,6 +41,11 @@ ProducerOptions checked(ProducerOptions options) {
   if (options.samples_per_epoch < -1 || options.batches_per_epoch < -1) {
     throw InvalidArgument("samples_per_epoch and batches_per_epoch must be >= 0 (or -1: unknown)");
   }
+  if (options.epochs < -1) throw InvalidArgument("epochs must be >= 0 (or -1: until stopped)");
+  if (options.join_any_time && (options.samples_per_epoch <= 0 || options.batches_per_epoch <= 0)) {
+    throw InvalidArgument("join_any_time needs samples_per_epoch and batches_per_epoch (a consumer's "
+                          "epochs are that many samples from where it joined)");
+  }
   return options;
 }
 
@@ -61,7 +66,8 @@ Producer::Producer(ProducerOptions options)
       membership_(MembershipOptions{options_.name, ::getpid(), options_.slots,
                                     *options_.catch_up_window, options_.straggler_timeout.value_or(0),
                                     options_.samples_per_epoch, options_.batches_per_epoch,
-                                    ring_->description(), options_.loader},
+                                    ring_->description(), options_.loader, options_.join_any_time,
+                                    options_.epochs},
                   slots_) {
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
@@ -285,6 +291,14 @@ std::exception_ptr Producer::await_consumers(const std::function<std::vector<int
 
 bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (membership_.active() >= count) {  // (the common case: once per batch while serving for ever)
+    rethrow_io_error();
+    if (stopping()) throw Stopped("producer stopped");
+    return true;
+  }
+  // Mid-epoch (the loader paused for nobody): the wait is not the loader's time.
+  const bool mid_epoch = last_publish_end_.has_value();
+  note_loader_time();
   membership_.set_awaiting(count);  // newcomers hear why they wait
   bool ready = false;
   try {
@@ -295,21 +309,28 @@ bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
     throw;
   }
   membership_.set_awaiting(0);
+  if (mid_epoch) last_publish_end_ = Clock::now();
   rethrow_io_error();
   if (stopping()) throw Stopped("producer stopped");
   return ready;
 }
 
-void Producer::begin_epoch(int64_t epoch) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_serving("begin_epoch");
-    epoch_ = epoch;
-    epoch_batches_ = 0;
-    epoch_samples_ = 0;
-    last_publish_end_ = Clock::now();
-  }
-  enqueue(EpochBegin{epoch});
+std::vector<int64_t> Producer::begin_epoch(int64_t epoch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  check_serving("begin_epoch");
+  // The last epoch's batches and end reach the membership first: whoever
+  // joins from here on starts at this epoch, whole.
+  wait(lock, drained_, -1, [&] { return stream_.empty() || io_error_ != nullptr || stopping(); });
+  rethrow_io_error();
+  if (stopping()) throw Stopped("producer stopped");
+  epoch_ = epoch;
+  epoch_batches_ = 0;
+  epoch_samples_ = 0;
+  last_publish_end_ = Clock::now();
+  std::vector<int64_t> joined_at = membership_.steer_epoch(epoch);
+  stream_.push_back(EpochBegin{epoch});
+  wakeup_.notify();
+  return joined_at;
 }
 
 Producer::Layout Producer::validate(const Batch& batch) const {
@@ -604,12 +625,12 @@ ProducerStats Producer::stats() const {
   if (waiting_for_space_) {
     s.waiting_for = "consumers";
     s.waiting_seconds = seconds_since(waiting_since_);
-  } else if (last_publish_end_) {
-    s.waiting_for = "loader";
-    s.waiting_seconds = seconds_since(*last_publish_end_);
   } else if (membership_.awaiting() > 0) {
     s.waiting_for = "joins";
     s.consumers_wanted = membership_.awaiting();
+  } else if (last_publish_end_) {
+    s.waiting_for = "loader";
+    s.waiting_seconds = seconds_since(*last_publish_end_);
   }
   s.epoch = epoch_;
   s.epochs_done = epochs_done_;

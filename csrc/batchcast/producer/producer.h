@@ -59,7 +59,12 @@ namespace batchcast {
   X(double, linger, 30.0) /* GPU ring: seconds close() waits for consumers to unmap it */     \
   /* What the loader is (its type, length, batch size, seed when known): told to    */        \
   /* consumers, whose saved state says which loader it belongs to.                  */        \
-  X(std::string, loader, "")
+  X(std::string, loader, "")                                                                  \
+  /* The caller keeps, from epoch to epoch, the samples before each position     */          \
+  /* begin_epoch returns the same set (it steers its loader's order): consumers  */          \
+  /* may join mid-epoch and start with the next batch.                           */          \
+  X(bool, join_any_time, false)                                                               \
+  X(int64_t, epochs, -1)               /* epochs it will serve; -1: until stopped */
 
 struct ProducerOptions {
   BATCHCAST_FIELDS(BATCHCAST_PRODUCER_OPTIONS)
@@ -131,7 +136,12 @@ class Producer {
   // The stream, in order: epochs of batches, then finish() or fail(). Each
   // throws Stopped once stopped, and InvalidArgument once served (nothing
   // more can follow the stream's end).
-  void begin_epoch(int64_t epoch);
+  // begin_epoch returns where consumers present joined mid-epoch (sorted
+  // sample positions > 0): the epoch must keep the samples before each the
+  // set they were in the last (join_any_time). Everything published before
+  // has reached the consumers' queues by then, so nobody joins the last epoch
+  // after its return.
+  std::vector<int64_t> begin_epoch(int64_t epoch);
   // Copies the batch into the ring (waiting for space) and announces it;
   // returns the seconds spent waiting for space. Throws Stopped, and
   // InvalidArgument for a batch that cannot be shared. With `lease`, the

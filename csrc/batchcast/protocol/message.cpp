@@ -208,6 +208,7 @@ void write(Writer& w, const Hello& m) {
   w.put<int32_t>(m.world_size);
   w.put<int64_t>(m.resume_epoch);
   w.put<int64_t>(m.resume_position);
+  w.put<int64_t>(m.resume_offset);
 }
 void read(Reader& r, Hello& m) {
   m.pid = r.get<int64_t>();
@@ -218,13 +219,14 @@ void read(Reader& r, Hello& m) {
   m.world_size = r.get<int32_t>();
   m.resume_epoch = r.get<int64_t>();
   m.resume_position = r.get<int64_t>();
+  m.resume_offset = r.get<int64_t>();
   if (m.batch_size < 0) throw MalformedMessage("negative batch size");
   if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
       (m.world_size > 0 ? (m.rank >= m.world_size || m.group.empty())
                         : (m.rank != 0 || !m.group.empty()))) {
     throw MalformedMessage("bad group");
   }
-  if (m.resume_epoch < -1 || m.resume_position < 0) throw MalformedMessage("bad resume");
+  if (m.resume_epoch < -1 || m.resume_position < 0 || m.resume_offset < 0) throw MalformedMessage("bad resume");
 }
 
 void write(Writer& w, const Welcome& m) {
@@ -242,6 +244,7 @@ void write(Writer& w, const Welcome& m) {
   w.put<int64_t>(m.producer_epoch);
   w.put<int32_t>(m.consumers_wanted);
   w.put<int32_t>(m.consumers_present);
+  w.put<int64_t>(m.first_position);
 }
 void read(Reader& r, Welcome& m) {
   m.producer_pid = r.get<int64_t>();
@@ -258,9 +261,10 @@ void read(Reader& r, Welcome& m) {
   m.producer_epoch = r.get<int64_t>();
   m.consumers_wanted = r.get<int32_t>();
   m.consumers_present = r.get<int32_t>();
+  m.first_position = r.get<int64_t>();
   if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
       m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0 || m.producer_epoch < -1 ||
-      m.consumers_wanted < 0 || m.consumers_present < 0) {
+      m.consumers_wanted < 0 || m.consumers_present < 0 || m.first_position < 0) {
     throw MalformedMessage("bad welcome");
   }
 }
@@ -375,12 +379,16 @@ void write(Writer& w, const GroupReady& m) {
   w.put<int64_t>(m.first_epoch);
   w.put<uint8_t>(static_cast<uint8_t>(m.resume));
   w.put<int64_t>(m.resume_position);
+  w.put<int64_t>(m.first_position);
 }
 void read(Reader& r, GroupReady& m) {
   m.first_epoch = r.get<int64_t>();
   m.resume = resume_from(r.get<uint8_t>());
   m.resume_position = r.get<int64_t>();
-  if (m.first_epoch < 0 || m.resume_position < 0) throw MalformedMessage("bad group ready");
+  m.first_position = r.get<int64_t>();
+  if (m.first_epoch < 0 || m.resume_position < 0 || m.first_position < 0) {
+    throw MalformedMessage("bad group ready");
+  }
 }
 
 void write(Writer& w, const GroupBroken& m) {

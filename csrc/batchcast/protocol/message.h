@@ -16,7 +16,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 7;
+constexpr uint16_t kVersion = 8;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -72,6 +72,10 @@ const char* dtype_name(DType dtype);
 // Consumer -> producer: join.
 struct Hello {
   static constexpr uint32_t kCatchUp = 1;  // join the current epoch from its start
+  // Join with the next batch: the consumer's epochs are its own, each the next
+  // samples_per_epoch samples from where it joined (a producer that steers its
+  // loader's order keeps every one of them the whole dataset).
+  static constexpr uint32_t kJoinNow = 2;
   int64_t pid = 0;
   uint32_t flags = 0;
   int64_t batch_size = 0;  // the consumer's own (0: the loader's batches as they are); for status
@@ -81,9 +85,12 @@ struct Hello {
   int32_t rank = 0;
   int32_t world_size = 0;
   // Resuming (resume_epoch >= 0): continue epoch resume_epoch at sample
-  // position resume_position of the producer's stream.
+  // position resume_position of the producer's stream. An epoch of a consumer
+  // that joined mid-epoch begins at resume_offset of the producer's epoch of
+  // that number (its positions count from there).
   int64_t resume_epoch = -1;
   int64_t resume_position = 0;
+  int64_t resume_offset = 0;
   bool in_group() const { return world_size > 0; }
 };
 
@@ -129,6 +136,10 @@ struct Welcome {
   int64_t producer_epoch = -1;
   int32_t consumers_wanted = 0;
   int32_t consumers_present = 0;
+  // Where the consumer's epochs begin in the producer's: each is the samples
+  // from this position of the producer's epoch of its number to this position
+  // of the next (0: the producer's epochs as they are). Joining mid-epoch.
+  int64_t first_position = 0;
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.
@@ -229,6 +240,7 @@ struct GroupReady {
   int64_t first_epoch = 0;
   Resume resume = Resume::None;
   int64_t resume_position = 0;
+  int64_t first_position = 0;  // as in Welcome
 };
 
 // Producer -> the other ranks of a group: a rank left, died or was evicted;

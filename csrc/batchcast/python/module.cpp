@@ -330,7 +330,11 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("count"), py::arg("timeout") = -1.0)
       .def("begin_epoch",
-           [](BoundProducer& b, int64_t epoch) { released(b, [&](Producer& p) { p.begin_epoch(epoch); }); })
+           [](BoundProducer& b, int64_t epoch) {
+             return released(b, [&](Producer& p) { return p.begin_epoch(epoch); });
+           },
+           "Begins epoch `epoch`; returns where the consumers present joined mid-epoch (sorted sample "
+           "positions): with join_any_time, the epoch keeps the samples before each the set they were")
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
               std::optional<uint64_t> lease, bool in_place) {

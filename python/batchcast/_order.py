@@ -77,7 +77,7 @@ def keep_blocks(last: list[Any], fresh: list[Any], cuts: list[int]) -> list[Any]
     block_of = torch.full((int(last_t.max()) + 1,), -1, dtype=torch.int64)
     block_of[last_t] = torch.bucketize(torch.arange(len(last_t)), torch.as_tensor(cuts), right=True)
     order = torch.sort(block_of[fresh_t], stable=True).indices
-    return fresh_t[order].tolist()  # type: ignore[no-any-return]
+    return fresh_t[order].tolist()
 
 
 def _keep_blocks_any(last: list[Any], fresh: list[Any], cuts: list[int]) -> list[Any]:

@@ -365,7 +365,7 @@ def test_a_late_joiner_says_it_waits_for_the_next_epoch(runtime_dir, name, caplo
     with bc.Producer(Ids(12, 4, gate, pause_at=(0, 2)), name, epochs=2) as producer:
         first = bc.Consumer(name, batch_size=4, timeout=10)
         eventually(lambda: producer.stats()["batches_published"] >= 2, "epoch 0 to be under way")
-        late = bc.Consumer(name, batch_size=4, timeout=10)
+        late = bc.Consumer(name, batch_size=4, timeout=10, late_join="next_epoch")
         got = []
         waiting = threading.Thread(target=lambda: got.append(epoch_ids(late)))
         waiting.start()

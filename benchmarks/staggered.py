@@ -2,7 +2,8 @@
 another while earlier ones train, some are pruned early; one shared producer
 (two ways of joining it) against a DataLoader per trial.
 
-    python benchmarks/staggered.py            # 6 trials, 3 repeats (~6 min on 2 CPUs)
+    python benchmarks/staggered.py            # 6 trials, 3 repeats (~10 min on 2 CPUs)
+    python benchmarks/staggered.py --gap 0 --modes now --stem aligned   # the trials aligned
     python benchmarks/staggered.py --quick    # smoke run (< 1 min), writes to benchmarks/.cache/
     python benchmarks/staggered.py --trials 12 --gap 1 --repeats 5 --modes dataloader now
 
@@ -39,7 +40,8 @@ __getitem__ calls, counted in shared memory) against samples used; and
 exactness: every complete epoch of every trial holds each sample index once
 (a pruned trial's last, partial epoch is not checked). Loader workers are
 forked, as in a trial started on its own on Linux. Results:
-benchmarks/results/staggered.{md,json} (--quick: benchmarks/.cache/).
+benchmarks/results/STEM.{md,json}, STEM staggered by default (--quick:
+benchmarks/.cache/).
 """
 
 from __future__ import annotations
@@ -270,6 +272,7 @@ def run(ctx: Any, mode: str, plan: list[TrialSpec], cfg: Config, gap: float, nam
     prod = got.get("producer")
     used = sum(t["samples"] for t in trials)
     loading = prod["loading_cpu"] if prod else sum(t["workers_cpu"] for t in trials)
+    loaded = prod["loads"] if prod else sum(t["loads"] for t in trials)
     mean = statistics.fmean
     out.update({
         "failed": False,
@@ -279,12 +282,14 @@ def run(ctx: Any, mode: str, plan: list[TrialSpec], cfg: Config, gap: float, nam
         "first_max_s": max(t["t_first"] - t["t_construct"] for t in trials),
         "first_from_spawn_mean_s": mean(t["t_first"] - t["t_spawn"] for t in trials),
         "first_from_spawn_max_s": max(t["t_first"] - t["t_spawn"] for t in trials),
+        "trial_time_mean_s": mean(t["t_end"] - t["t_spawn"] for t in trials),
         "makespan_s": max(t["t_end"] for t in trials) - min(t["t_spawn"] for t in trials),
         "cpu_all_s": cpu(resource.RUSAGE_CHILDREN) - cpu0,
         "trial_cpu_s": sum(t["own_cpu"] for t in trials),
         "loading_cpu_s": loading,
         "loading_ms_per_sample": 1e3 * loading / max(used, 1),
-        "samples_loaded": prod["loads"] if prod else sum(t["loads"] for t in trials),
+        "loading_ms_per_loaded": 1e3 * loading / max(loaded, 1),
+        "samples_loaded": loaded,
         "samples_published": prod["stats"]["samples_published"] if prod else None,
         "samples_used": used,
         "epochs_complete": sum(t["epochs_complete"] for t in trials),
@@ -303,9 +308,11 @@ COLUMNS = [  # (key, header, format)
     ("first_mean_s", "first batch mean (s)", "{:.2f}"),
     ("first_max_s", "first batch max (s)", "{:.2f}"),
     ("first_from_spawn_mean_s", "from spawn mean (s)", "{:.2f}"),
+    ("trial_time_mean_s", "trial spawn to end, mean (s)", "{:.1f}"),
     ("makespan_s", "makespan (s)", "{:.1f}"), ("cpu_all_s", "CPU, all processes (s)", "{:.1f}"),
     ("trial_cpu_s", "trial CPU (s)", "{:.1f}"), ("loading_cpu_s", "loading CPU (s)", "{:.1f}"),
     ("loading_ms_per_sample", "loading CPU / sample used (ms)", "{:.2f}"),
+    ("loading_ms_per_loaded", "loading CPU / sample loaded (ms)", "{:.2f}"),
     ("samples_loaded", "samples loaded", "{:,.0f}"), ("samples_used", "samples used", "{:,.0f}")]
 
 
@@ -346,6 +353,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "- connect: constructing the trial's Consumer / DataLoader. first batch: from "
               "that construction to the first batch in hand; from spawn: from the driver's "
               "`Process.start()` (interpreter start and imports included).",
+              "- trial spawn to end: each trial's time from its arrival to its end, its wait for "
+              "data included (mean over the trials).",
               "- makespan: the first trial's spawn to the last trial's end (its loader closed).",
               "- CPU, all processes: `getrusage(RUSAGE_CHILDREN)` of the driver over the run "
               "(trials, producer, loader workers, each reaped; interpreter start-ups included). "
@@ -396,7 +405,8 @@ def main() -> None:
     ap.add_argument("--prune-every", type=int, default=3,
                     help="every N-th trial is pruned (0: none)")
     ap.add_argument("--prune-at", type=float, default=0.5, help="fraction of its last epoch")
-    ap.add_argument("--samples", type=int, default=6144)
+    ap.add_argument("--samples", type=int, default=12288,
+                    help="samples per epoch (default: an epoch several arrival gaps long)")
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--step-ms", type=float, default=5)
@@ -408,6 +418,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (< 1 min) into benchmarks/.cache/")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--stem", default="staggered", help="results file names: STEM.{md,json}")
     args = ap.parse_args()
     if args.quick:
         args.trials, args.gap, args.samples, args.size, args.repeats = 4, 0.5, 2048, 32, 1
@@ -447,10 +458,10 @@ def main() -> None:
            "config": {**vars(args), "out": str(out)}, "plan": [asdict(t) for t in plan],
            "skipped": skipped, "runs": runs, "elapsed_s": time.monotonic() - started}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "staggered.json").write_text(json.dumps(doc, indent=1))
-    (out / "staggered.md").write_text(markdown(doc))
+    (out / f"{args.stem}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{args.stem}.md").write_text(markdown(doc))
     print("\n" + markdown(doc))
-    print(f"written: {out / 'staggered.md'}, {out / 'staggered.json'}")
+    print(f"written: {out / f'{args.stem}.md'}, {out / f'{args.stem}.json'}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from ._core import _C
+from ._sampler import WrappedBatchSampler
 
 # This worker's mapping of the ring it writes into, by (producer pid, fd,
 # inode, size): a cache, so that each batch does not map it again.
@@ -294,7 +295,7 @@ def materialize(node: Any, ring: torch.Tensor) -> Any:
     return _map_leaves(node, lambda x: _view(ring, x) if isinstance(x, RingTensor) else _NOT_A_LEAF)
 
 
-class _LeasingBatches:
+class _LeasingBatches(WrappedBatchSampler):
     """The loader's batch sampler, each batch's indices given a lease."""
 
     def __init__(self, batch_sampler: Any, leaser: "Leaser") -> None:
@@ -306,14 +307,6 @@ class _LeasingBatches:
             leased = LeasedIndices(indices)
             leased.writer = self.leaser.take()
             yield leased
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler, ...
-        if name.startswith("__") or "batch_sampler" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["batch_sampler"], name)
 
 
 class Leaser:

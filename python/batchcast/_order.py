@@ -25,6 +25,8 @@ from typing import Any, Iterator
 
 import torch
 
+from ._sampler import WrappedBatchSampler
+
 
 def steering(loader: Any) -> str | None:
     """None when the producer can keep the loader's blocks (a DataLoader over a
@@ -94,7 +96,7 @@ def _keep_blocks_any(last: list[Any], fresh: list[Any], cuts: list[int]) -> list
     return [sample for block in blocks for sample in block]
 
 
-class BlockOrder:
+class BlockOrder(WrappedBatchSampler):
     """The DataLoader's batch sampler as the producer serves it: the loader's
     fresh order each epoch, with the blocks between join positions kept
     (`keep` before each epoch), cut into its batches as BatchSampler would."""
@@ -129,11 +131,3 @@ class BlockOrder:
         end = len(order) // size * size if self.batch_sampler.drop_last else len(order)
         for start in range(0, end, size):
             yield order[start:start + size]
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler, ...
-        if name.startswith("__") or "batch_sampler" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["batch_sampler"], name)

@@ -292,12 +292,14 @@ void Channel::send_outbox() {
   for (const auto& m : out) {
     const std::string bytes = protocol::encode(m);
     // Releases through the mailbox (one too large for it: the socket; the
-    // producer reads the mailbox before any socket message from here).
-    if (mailbox_ && std::holds_alternative<protocol::Release>(m) &&
+    // producer reads the mailbox before any socket message from here), until
+    // the Bye: after it, on the socket, so that none overtakes it.
+    if (mailbox_ && !said_bye_ && std::holds_alternative<protocol::Release>(m) &&
         mailbox_->send(bytes) == FrameQueue::Push::Done) {
       continue;
     }
-    transport::try_send(dealer_, {bytes});
+    const bool sent = transport::try_send(dealer_, {bytes});
+    if (sent && std::holds_alternative<protocol::Bye>(m)) said_bye_ = true;
     on_socket = true;
   }
   // A send may consume the socket's pending read signal: if something can

@@ -144,6 +144,11 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   // with the messages too large for it, which come over the socket.
   std::unique_ptr<Mailbox> mailbox_;
   Inbox inbox_;
+  // Under socket_mu_: Bye went out. Releases follow it on the socket from
+  // then on: through the mailbox they would reach the producer before the
+  // Bye, and free its ring for batches announced to a consumer that is gone
+  // (a producer serving for ever would load on for nobody).
+  bool said_bye_ = false;
   std::atomic<int64_t> mailbox_dropped_{0};
   Wakeup watch_wakeup_;
 

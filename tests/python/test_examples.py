@@ -18,6 +18,7 @@ import math
 import os
 import re
 import signal
+import shlex
 import subprocess
 import sys
 import threading
@@ -504,10 +505,14 @@ def test_the_readme_quick_start_runs_as_pasted(runtime_dir, tmp_path):
             (tmp_path / filename).write_text(code)
     (command,) = [code.strip() for lang, code in blocks if lang == "bash"]
     assert sorted(files) == ["serve.py", "train.py"], files
-    # `python` is this interpreter, whatever else the PATH holds.
+    # `python` is this interpreter, whatever else the PATH holds: a script
+    # that runs it by its own path (through a symlink elsewhere, a virtual
+    # environment's interpreter would not find its pyvenv.cfg, nor batchcast).
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    shim = bin_dir / "python"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=env)
@@ -516,5 +521,5 @@ def test_the_readme_quick_start_runs_as_pasted(runtime_dir, tmp_path):
     # text and its newline are two writes that the other's may come between.
     said = sorted(re.findall(r"batch (\d+): epoch (\d+), (\d+) samples, loss \d+\.\d\d", proc.stdout))
     assert said == [("100", "0", "1000"), ("100", "1", "1000"), ("32", "0", "1000"), ("32", "1", "1000")], \
-        proc.stdout
+        f"stdout:\n{proc.stdout}\nstderr (`wait` does not pass a trainer's failure on):\n{proc.stderr}"
     assert os.listdir(runtime_dir) == []

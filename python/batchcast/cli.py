@@ -179,65 +179,6 @@ def _make_loader(function: Callable[..., Any], label: str, args: tuple[str, ...]
     return loader
 
 
-class _Counted:
-    """The loader as the producer iterates it (one ``iter()`` per epoch,
-    nothing else), counting batches for the progress bar."""
-
-    def __init__(self, loader: Any, stopping: threading.Event, stopped: type) -> None:
-        self.loader = loader
-        self.stopping, self.stopped = stopping, stopped
-        self.epoch = -1          # index of the epoch being (or last) loaded
-        self.batches = 0         # batches loaded in it so far
-        self.total = 0           # batches loaded in all
-        self.loading = False     # inside an epoch
-        self.epoch_length: int | None = None
-        try:
-            self.epoch_length = int(len(loader))
-        except (TypeError, NotImplementedError):
-            pass
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> "_CountingIterator":
-        iterator = iter(self.loader)
-        self.epoch += 1
-        self.batches = 0
-        self.loading = True
-        return _CountingIterator(self, iterator)
-
-
-class _CountingIterator:
-    # Holds the loader's iterator (never the _Counted), so the producer's
-    # `del iterator` at the end of an epoch shuts DataLoader workers down.
-    def __init__(self, counted: _Counted, iterator: Any) -> None:
-        self._counted, self._iterator = counted, iterator
-
-    def __iter__(self) -> "_CountingIterator":
-        return self
-
-    def __next__(self) -> Any:
-        counted = self._counted
-        if counted.stopping.is_set():
-            raise counted.stopped("producer stopped")
-        try:
-            batch = next(self._iterator)
-        except StopIteration:
-            counted.loading = False
-            counted.epoch_length = counted.batches
-            raise
-        except Exception:
-            # A stop makes what the loader raises meanwhile (DataLoader workers
-            # that a terminal's Ctrl-C reached, say) part of stopping: consumers
-            # get ProducerLost, not LoaderError.
-            if counted.stopping.is_set():
-                raise counted.stopped("producer stopped") from None
-            raise
-        counted.batches += 1
-        counted.total += 1
-        return batch
-
-
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 60:
@@ -269,7 +210,7 @@ class _Live:
         self.previous: tuple[float, dict[str, Any]] | None = None
         self.last_progress: float | None = None
 
-    def line(self, stats: dict[str, Any], now: float, counted: _Counted) -> str:
+    def line(self, stats: dict[str, Any], now: float) -> str:
         previous, self.previous = self.previous, (now, stats)
         published = stats.get("batches_published", 0)
         if self.last_progress is None or previous is None or \
@@ -287,10 +228,12 @@ class _Live:
             if consumers or delta("batches_published"):
                 parts.append(f"{_rate(delta('batches_published') / dt)} batches/s, "
                              f"{_rate(delta('samples_published') / dt)} samples/s")
-            if consumers and counted.loading and not delta("batches_published"):
+            waiting_for = stats.get("waiting_for")
+            if consumers and waiting_for in ("loader", "consumers") and \
+                    not delta("batches_published"):
                 # The counters move when a wait ends; say what it is now.
                 waiting = "the loader"
-                if counted.total > published:
+                if waiting_for == "consumers":
                     waiting = "the consumers (ring full)"
                     behind = [c for c in consumers if c.get("holding_up")]
                     if behind:
@@ -320,11 +263,12 @@ class _Live:
         return " | ".join(parts)
 
 
-def _epoch_label(counted: _Counted, epochs: int | None) -> str:
+def _epoch_label(stats: dict[str, Any], epochs: int | None) -> str:
     """Epochs are numbered from 0, as consumers, errors and `status` number them."""
-    if counted.epoch < 0:
+    epoch = int(stats.get("epoch", -1))
+    if epoch < 0:
         return "epoch -"
-    return f"epoch {counted.epoch}" + (f" of 0-{epochs - 1}" if epochs is not None else "")
+    return f"epoch {epoch}" + (f" of 0-{epochs - 1}" if epochs is not None else "")
 
 
 def _fit(parts: list[str], width: int) -> str:
@@ -339,13 +283,21 @@ def _fit(parts: list[str], width: int) -> str:
     return line
 
 
-def _progress_text(counted: _Counted, epochs: int | None) -> str:
-    """The epoch's progress as a line says it: 'epoch 2/10: 45/100 batches'."""
-    if counted.epoch < 0:
+def _epoch_progress(stats: dict[str, Any]) -> tuple[int, int | None]:
+    """Batches published in the epoch in progress, and of how many (None
+    while the loader cannot say and no epoch has ended): the producer's own
+    statistics, whatever its loader is."""
+    total = int(stats.get("batches_per_epoch", -1))
+    return int(stats.get("epoch_batches", 0)), (total if total > 0 else None)
+
+
+def _progress_text(stats: dict[str, Any], epochs: int | None) -> str:
+    """The epoch's progress as a line says it: 'epoch 2 of 0-9: 45/100 batches'."""
+    if int(stats.get("epoch", -1)) < 0:
         return "epoch -: nothing loaded yet"
-    total = counted.epoch_length
-    done = f"{min(counted.batches, total)}/{total}" if total else f"{counted.batches}"
-    return f"{_epoch_label(counted, epochs)}: {done} batches"
+    done, total = _epoch_progress(stats)
+    text = f"{min(done, total)}/{total}" if total else f"{done}"
+    return f"{_epoch_label(stats, epochs)}: {text} batches"
 
 
 class _Screen:
@@ -408,18 +360,20 @@ class _Screen:
     def message(self, text: str) -> None:
         self._guarded(lambda: self.message_line(text))
 
-    def update(self, counted: _Counted, status: str) -> None:
+    def update(self, stats: dict[str, Any], status: str) -> None:
         def draw() -> None:
             if not self.live:
                 stamp = time.strftime("%H:%M:%S")
-                self.message_line(f"{stamp} {_progress_text(counted, self.epochs)} | {status}")
+                self.message_line(f"{stamp} {_progress_text(stats, self.epochs)} | {status}")
                 return
             progress, task = self._progress, self._task
-            if counted.epoch != self._epoch:
-                self._epoch = counted.epoch
-                progress.reset(task, description=_epoch_label(counted, self.epochs))
+            epoch = int(stats.get("epoch", -1))
+            if epoch != self._epoch:
+                self._epoch = epoch
+                progress.reset(task, description=_epoch_label(stats, self.epochs))
             # The length may become known within an epoch (after the first one).
-            progress.update(task, total=counted.epoch_length, completed=counted.batches)
+            done, total = _epoch_progress(stats)
+            progress.update(task, total=total, completed=done)
             self._live.update(self._view(status), refresh=True)
 
         self._guarded(draw)
@@ -514,13 +468,15 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
     name = name or function_name
     label = f"{spec.rpartition(':')[0]}:{function_name}"
     loader = _make_loader(function, label, args, epochs)
-    from .producer import _samples_per_epoch
 
     # Signals: handled on this (the main) thread, which only watches and
     # draws; the producer serves from its own thread (Producer.start()).
+    # The producer is handed the loader itself, never a wrapper: what it
+    # learns from a DataLoader (its order, its workers, its length) is what
+    # joining mid-epoch, in-place writes and resuming need.
     requested: list[int] = []
     stop_requested = threading.Event()
-    counted = _Counted(loader, stop_requested, _C.Stopped)
+    serving: list[Producer] = []
     serving_pid = os.getpid()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -532,6 +488,8 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
             os._exit(128 + signum)
         requested.append(signum)
         stop_requested.set()
+        for producer in serving:  # the loader's next batch is its last
+            producer.request_stop()
 
     handled = [signal.SIGINT, signal.SIGTERM]
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # not under nohup
@@ -539,9 +497,7 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
     previous = {s: signal.signal(s, on_signal) for s in handled}
     try:
         try:
-            if samples_per_epoch is None:
-                samples_per_epoch = _samples_per_epoch(loader)
-            producer = Producer(counted, name, device=device, epochs=epochs,
+            producer = Producer(loader, name, device=device, epochs=epochs,
                                 min_consumers=min_consumers, slots=slots, ring_bytes=ring_bytes,
                                 straggler_timeout=straggler_timeout,
                                 samples_per_epoch=samples_per_epoch)
@@ -551,14 +507,17 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
             raise CliError(str(exc), 2) from exc
         except _C.Error as exc:  # CudaError, say
             raise CliError(_describe(exc)) from exc
-        return _serve(producer, counted, name, epochs, min_consumers, slots, label, refresh,
+        serving.append(producer)
+        if stop_requested.is_set():  # a signal came while it was being made
+            producer.request_stop()
+        return _serve(producer, name, epochs, min_consumers, slots, label, refresh,
                       stop_requested, requested)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _serve(producer: Producer, counted: _Counted, name: str, epochs: int | None,
+def _serve(producer: Producer, name: str, epochs: int | None,
            min_consumers: int, slots: int, label: str, refresh: float | None,
            stop_requested: threading.Event, requested: list[int]) -> int:
     stream = sys.stderr
@@ -579,7 +538,8 @@ def _serve(producer: Producer, counted: _Counted, name: str, epochs: int | None,
         screen.message(f"{time.strftime('%H:%M:%S')} warning: {category.__name__}: {message}")
 
     warnings.showwarning = show_warning
-    length = f"{counted.epoch_length} batches per epoch" if counted.epoch_length else \
+    batches_per_epoch = _epoch_progress(producer.stats())[1]
+    length = f"{batches_per_epoch} batches per epoch" if batches_per_epoch else \
         "epoch length unknown"
     screen.message(
         f"batchcast: serving '{name}' from {label} on {producer.device} ({length}, {slots} slots, "
@@ -593,14 +553,15 @@ def _serve(producer: Producer, counted: _Counted, name: str, epochs: int | None,
     try:
         producer.start()
         thread = producer._thread
-        live.line(producer.stats(), time.monotonic(), counted)
+        live.line(producer.stats(), time.monotonic())
         next_refresh = time.monotonic() + (refresh or 0)
         while thread is not None and thread.is_alive() and not stop_requested.is_set():
             stop_requested.wait(0.1 if not refresh else min(0.1, refresh))
             now = time.monotonic()
             if refresh and now >= next_refresh and not stop_requested.is_set():
                 next_refresh = now + refresh
-                screen.update(counted, live.line(producer.stats(), now, counted))
+                stats = producer.stats()
+                screen.update(stats, live.line(stats, now))
         finished = not stop_requested.is_set()
         if stop_requested.is_set():
             signame = signal.Signals(requested[0]).name if requested else "a signal"

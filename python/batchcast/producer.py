@@ -359,6 +359,15 @@ class Producer:
             raise RuntimeError(f"producer '{self.name}' is closed (it served, was stopped or "
                                "closed); make a new Producer to serve again")
 
+    def request_stop(self) -> None:
+        """Asks a serving producer to stop without waiting for it: the batch
+        the loader is making is its last, and whatever the loader raises from
+        here on is part of stopping (consumers get ProducerLost, not
+        LoaderError). Safe in a signal handler; ``stop()`` then waits."""
+        self._stop.set()
+        if self._core is not None:
+            self._core.stop()
+
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stops serving (consumers mid-epoch get ProducerLost), frees the name."""
         self._stop.set()

@@ -289,24 +289,16 @@ def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
     import io
     import re
 
-    from batchcast.cli import _Counted, _Screen
+    from batchcast.cli import _Screen
 
-    class Loader:
-        def __len__(self):
-            return 10
-
-        def __iter__(self):
-            return iter(range(10))
-
-    counted = _Counted(Loader(), threading.Event(), RuntimeError)
-    batches = iter(counted)
-    next(batches), next(batches), next(batches)
+    # The progress comes from the producer's own statistics.
+    stats = {"epoch": 0, "epochs_done": 0, "epoch_batches": 3, "batches_per_epoch": 10}
     out = io.StringIO()
     screen = _Screen(out, tty=False, epochs=2)
     screen.message("consumer pid 7 [joined] 1.5")
-    screen.update(counted, "3.0 batches/s | 1 consumer, slowest lag 2 (pid 7)")
-    next(batches)
-    screen.update(counted, "[bold]4.0[/] batches/s")
+    screen.update(stats, "3.0 batches/s | 1 consumer, slowest lag 2 (pid 7)")
+    screen.update({**stats, "epoch_batches": 4}, "[bold]4.0[/] batches/s")
+    screen.update({**stats, "epoch": 1, "epoch_batches": 2, "batches_per_epoch": -1}, "x")
     screen.close()
     lines = out.getvalue().splitlines()
     assert lines[0] == "consumer pid 7 [joined] 1.5", lines
@@ -314,7 +306,8 @@ def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
                         r"1 consumer, slowest lag 2 \(pid 7\)", lines[1]), lines
     assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 0 of 0-1: 4/10 batches \| \[bold\]4\.0\[/\] "
                         r"batches/s", lines[2]), lines
-    assert len(lines) == 3 and "\x1b" not in out.getvalue()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d epoch 1 of 0-1: 2 batches \| x", lines[3]), lines
+    assert len(lines) == 4 and "\x1b" not in out.getvalue()
 
 
 def test_the_live_status_fits_the_terminal_in_whole_parts():

@@ -581,6 +581,7 @@ void Producer::end_epoch() {
   std::lock_guard<std::mutex> lock(mu_);
   check_serving("end_epoch");
   epochs_done_ += 1;
+  if (first_epoch_batches_ < 0) first_epoch_batches_ = epoch_batches_;
   last_publish_end_.reset();
   stream_.push_back(protocol::EpochEnd{epoch_, epoch_samples_, epoch_batches_});
   wakeup_.notify();
@@ -634,6 +635,8 @@ ProducerStats Producer::stats() const {
   }
   s.epoch = epoch_;
   s.epochs_done = epochs_done_;
+  s.epoch_batches = epoch_batches_;
+  s.batches_per_epoch = options_.batches_per_epoch >= 0 ? options_.batches_per_epoch : first_epoch_batches_;
   const MembershipCounters& c = membership_.counters();
 #define BATCHCAST_COPY_COUNTER(type, name, init) s.name = c.name;
   BATCHCAST_MEMBERSHIP_COUNTERS(BATCHCAST_COPY_COUNTER)
@@ -857,7 +860,6 @@ std::string Producer::status_json() const {
   w.field("protocol", static_cast<int>(protocol::kVersion));
   w.field("slots", options_.slots);
   w.field("samples_per_epoch", options_.samples_per_epoch);
-  w.field("batches_per_epoch", options_.batches_per_epoch);
   s.visit([&](const char* name, const auto& value) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, std::vector<ConsumerInfo>>) {

@@ -83,6 +83,9 @@ struct ProducerOptions {
   X(double, uptime_seconds, 0)                                                                \
   X(int64_t, epoch, -1)         /* in progress (or last begun) */                             \
   X(int64_t, epochs_done, 0)                                                                  \
+  X(int64_t, epoch_batches, 0)  /* published in the epoch in progress (or last begun) */        \
+  /* The loader's batches per epoch: its len(), else learned when the first ends; -1 unknown */ \
+  X(int64_t, batches_per_epoch, -1)                                                           \
   X(int64_t, batches_published, 0)                                                            \
   X(int64_t, samples_published, 0)                                                            \
   X(int64_t, bytes_published, 0)                                                              \
@@ -308,6 +311,7 @@ class Producer {
   int64_t epoch_batches_ = 0;
   int64_t epoch_samples_ = 0;
   int64_t epochs_done_ = 0;
+  int64_t first_epoch_batches_ = -1;  // batches the first epoch served had (-1: not ended yet)
   Clock::time_point started_ = Clock::now();
   std::optional<Clock::time_point> last_publish_end_;  // within an epoch
   Phase phase_ = Phase::Serving;

@@ -7,7 +7,7 @@ import atexit
 import logging
 import threading
 import weakref
-from typing import Any, Iterable, Iterator, cast
+from typing import Any, Callable, Iterable, Iterator, cast
 
 from ._core import _C
 from ._device import parse_device
@@ -114,6 +114,22 @@ def _loader_identity(loader: Any) -> str:
     return "; ".join(parts)
 
 
+def _say_lost(name: str, capability: str, instead: str, loader: Any, why: str, fix: str) -> None:
+    """Once per producer: a capability its loader does not allow. A WARNING
+    where the user can give the producer what it needs (a wrapper of a
+    DataLoader, a custom sampler), an INFO where the loader's kind rules it
+    out by nature (a list of batches, an IterableDataset)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    natural = isinstance(loader, (list, tuple)) or (
+        isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset))
+    if natural:
+        _log.info("producer '%s': no %s: %s (%s)", name, capability, instead, why)
+    else:
+        _log.warning("producer '%s': no %s: %s, because %s; to have it, %s", name, capability,
+                     instead, why, fix)
+
+
 def _batches_per_epoch(loader: Any) -> int:
     """Batches the loader yields per epoch (its len()), or -1 when it has none."""
     try:
@@ -145,6 +161,17 @@ class Producer:
     reopened by consumers through ``/proc``: once every epoch is served,
     ``close()`` waits (normally not at all, at most ``linger``) until every
     consumer told of the ring has mapped it.
+
+    ``pack_fn``, when given, is applied to each batch the loader yields before
+    it is published (TensorSocket's ``pack_fn``). It makes every batch anew,
+    so a DataLoader's workers then cannot write batches into shared memory
+    themselves: each takes the producer's one copy (it says so once).
+
+    What the producer can do depends on what it is given: with the
+    DataLoader itself it keeps the loader's order in blocks (consumers join
+    mid-epoch at once), lets its workers write into the ring, and knows
+    ``len()``. A wrapper of a DataLoader hides all that; the producer logs a
+    WARNING naming what is lost and what to pass instead.
     """
 
     def __init__(
@@ -162,6 +189,7 @@ class Producer:
         catch_up_window: int | None = None,
         runtime_dir: str | None = None,
         linger: float = 30.0,
+        pack_fn: Callable[[Any], Any] | None = None,
     ) -> None:
         kind, cuda_device = parse_device(device, "device")
         key = _make_way(name, runtime_dir) if isinstance(name, str) else None
@@ -171,7 +199,10 @@ class Producer:
             raise ValueError(f"min_consumers must be an int >= 1, not {min_consumers!r}")
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be iterable, not {type(loader).__name__}")
+        if pack_fn is not None and not callable(pack_fn):
+            raise TypeError(f"pack_fn must be a function of a batch, not {type(pack_fn).__name__}")
         self.loader = loader
+        self._pack = pack_fn
         self.name = name
         self.epochs = epochs
         self.min_consumers = min_consumers
@@ -186,14 +217,23 @@ class Producer:
                        f"epochs have {own_samples} samples")
         self.joins_any_time = why_not is None and own_samples > 0
         if not self.joins_any_time:
-            _log.debug("producer '%s': consumers that join mid-epoch start at the next epoch: %s",
-                       name, why_not)
+            _say_lost(name, "joining mid-epoch",
+                      "consumers that join mid-epoch start at the next epoch", loader,
+                      why_not or "its loader cannot say how many samples an epoch has",
+                      "pass the DataLoader itself (over a map-style dataset, with shuffle=True or "
+                      "False, or a SubsetRandomSampler), not a wrapper of it")
         # A DataLoader's workers write its batches into the ring themselves
         # (a GPU ring: into its pinned host mirror, copied from there to the
         # GPU): each batch it hands a worker gets a slot, so the ring holds
         # the batches the loader has in flight too (they take no memory of
         # their own then).
         in_place = Leaser.applies(loader)
+        if in_place and pack_fn is not None:
+            in_place = False
+            _say_lost(name, "in-place writes", "each batch takes the producer's one copy", loader,
+                      "pack_fn makes a new batch of each one the loader's workers made",
+                      "do that work in the dataset's __getitem__ instead, or leave it to the "
+                      "trainers")
         in_flight = Leaser.in_flight(loader) if in_place else 0
         self._core: _C.Producer | None = _C.Producer(
             name=name,
@@ -276,6 +316,8 @@ class Producer:
                     break
                 if self._stop.is_set():
                     raise _C.Stopped("producer stopped")
+                if self._pack is not None:
+                    batch = self._pack(batch)
                 lease, in_place = None, False
                 if leaser is not None:
                     batch, lease, in_place = leaser.unpack(batch)

@@ -23,9 +23,11 @@ is its own iterator: each loop over it is one epoch of batches of its own
 TensorSocket's tuning arguments (``ack_port``, ``heart_ports``,
 ``rubber_band_pct``, ``consumer_max_buffer_size``, ``producer_batch_size``)
 are accepted and ignored: batchcast has no acknowledgements, heartbeats or
-rubber band (a consumer that joins mid-epoch starts at the next epoch). A
-custom ``pack_fn`` or ``unpack_fn`` is applied to each batch as it is
-published or received. Batches arrive as the loader made them (a DataLoader's
+rubber band (a consumer that joins mid-epoch starts with the next batch,
+its epochs its own, as with ``batchcast.Consumer``). A custom ``pack_fn`` or
+``unpack_fn`` is applied to each batch as it is published or received
+(``pack_fn`` makes every batch anew, so the loader's workers cannot write
+into shared memory: each batch takes the producer's one copy). Batches arrive as the loader made them (a DataLoader's
 list stays a list) rather than as tuples, and GPU placement follows batchcast
 (pass ``device="cuda:0"`` to the producer) instead of moving every batch to
 the GPU whenever one is present.
@@ -49,19 +51,6 @@ def name_for_port(port: int | str) -> str:
         raise ValueError(f"port must be an int (or a string of one), not {port!r}") from None
 
 
-class _Mapped:
-    """An iterable that applies fn to each batch of loader, keeping its len()."""
-
-    def __init__(self, loader: Iterable[Any], fn: Callable[[Any], Any]) -> None:
-        self.loader, self.fn = loader, fn
-
-    def __iter__(self) -> Iterator[Any]:
-        return (self.fn(batch) for batch in self.loader)
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-
 class TensorProducer:
     """``tensorsocket.TensorProducer(data_loader, port, ...)`` served by a
     ``batchcast.Producer`` named ``tensorsocket-<port>``. Extra keyword
@@ -82,8 +71,11 @@ class TensorProducer:
         del ack_port, heart_ports, rubber_band_pct, consumer_max_buffer_size, producer_batch_size
         self.port = port
         self.data_loader = data_loader
-        loader = data_loader if pack_fn is None else _Mapped(data_loader, pack_fn)
-        self._producer = Producer(loader, name_for_port(port), epochs=None, **producer_options)
+        # The loader itself goes to the producer (its order, workers and length
+        # are what joining mid-epoch and in-place writes need); pack_fn is
+        # applied to each batch as it is published.
+        self._producer = Producer(data_loader, name_for_port(port), epochs=None,
+                                  pack_fn=pack_fn, **producer_options)
         self.epoch = 0
 
     @property

@@ -31,6 +31,7 @@ struct Args {
   int epochs = 3;
   double lr = 0.5;
   double timeout = 30.0;
+  bool join_now = false;
   std::string report;
 };
 
@@ -38,7 +39,7 @@ struct Args {
   std::fprintf(stderr,
                "example_train: %s\n"
                "usage: example_train NAME [--batch-size B] [--epochs E] [--lr LR] "
-               "[--timeout SECONDS] [--report FILE]\n",
+               "[--timeout SECONDS] [--join-now] [--report FILE]\n",
                why);
   std::exit(2);
 }
@@ -57,6 +58,7 @@ Args parse(int argc, char** argv) {
       else if (arg == "--lr") a.lr = std::stod(value());
       else if (arg == "--timeout") a.timeout = std::stod(value());
       else if (arg == "--report") a.report = value();
+      else if (arg == "--join-now") a.join_now = true;
       else if (!arg.empty() && arg[0] == '-') usage(("unknown option " + arg).c_str());
       else if (a.name.empty()) a.name = arg;
       else usage(("unexpected argument " + arg).c_str());
@@ -88,13 +90,19 @@ int main(int argc, char** argv) {
   options.name = args.name;
   options.batch_size = args.batch_size;  // this trainer's own batch size
   options.timeout = args.timeout;
+  // Joining mid-epoch: start with the next batch, epochs of its own from
+  // there (each every sample once); without it, at the producer's next epoch.
+  options.join_now = args.join_now;
   options.reporter = [](const batchcast::Report& r) {
     if (r.level == batchcast::Report::Level::Warning) std::cerr << "batchcast: " << r.message << "\n";
   };
 
   std::vector<Epoch> epochs;
+  int64_t first_position = 0;
+  int64_t batches_per_epoch = -1;
   try {
     batchcast::Consumer consumer(options);  // waits up to --timeout for the producer
+    batches_per_epoch = consumer.batches_per_epoch();  // len(): -1 while the producer cannot say
 
     torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(args.lr));
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
       epochs.push_back(stats);
     }
     const batchcast::ConsumerStats s = consumer.stats();
+    first_position = s.first_position;
     std::printf("consumer: %lld batches as %lld views and %lld copies\n",
                 static_cast<long long>(s.batches), static_cast<long long>(s.views),
                 static_cast<long long>(s.copies));
@@ -152,7 +161,8 @@ int main(int argc, char** argv) {
 
   if (!args.report.empty()) {
     std::ofstream out(args.report);
-    out << "{\"batch_size\": " << args.batch_size << ", \"epochs\": [";
+    out << "{\"batch_size\": " << args.batch_size << ", \"first_position\": " << first_position
+        << ", \"batches_per_epoch\": " << batches_per_epoch << ", \"epochs\": [";
     for (size_t i = 0; i < epochs.size(); ++i) {
       const Epoch& s = epochs[i];
       out << (i ? ", " : "") << "{\"epoch\": " << s.epoch << ", \"batches\": " << s.batches

@@ -335,6 +335,64 @@ def test_cpp_trainer_fed_by_a_python_producer(runtime_dir, tmp_path):
     assert os.listdir(runtime_dir) == []
 
 
+def test_cpp_trainer_joins_mid_epoch_at_once(runtime_dir, tmp_path):
+    """The C++ consumer's door: a trainer that joins while the producer
+    stands mid-epoch starts with the next batch (join_now), knows its len()
+    from the start, and gets an epoch of its own with every sample once."""
+    binary = example_binary()
+    if binary is None:
+        pytest.skip("no C++ example built (configure with -DBATCHCAST_BUILD_EXAMPLES=ON)")
+    from conftest import Procs, eventually
+
+    name, samples = "cpp-join", 1024
+    procs = Procs(tmp_path)
+    started: list[subprocess.Popen] = []
+
+    def start(role: str, cmd: list[str]) -> subprocess.Popen:
+        with open(tmp_path / f"{role}.out", "w") as o, open(tmp_path / f"{role}.err", "w") as e:
+            started.append(subprocess.Popen(cmd, stdout=o, stderr=e))
+        return started[-1]
+
+    try:
+        producer = start("producer", [sys.executable, str(EXAMPLES / "cpp" / "serve.py"), name,
+                                      "--samples", str(samples), "--epochs", "3"])
+        # A Python trainer takes the stream and holds still at its 3rd batch:
+        # the producer stops mid-epoch, its ring full.
+        procs.start("consume", name, "--batch-size", 0, "--epochs", 3, "--ready",
+                    tmp_path / "held", "--ready-after", 3, "--hold-at", 3, "--until",
+                    tmp_path / "go", out="whole.json")
+        eventually((tmp_path / "held").exists, "the first trainer to hold", 120,
+                   watch=[producer, *procs.procs], err=procs.err)
+        trainers = {b: start(f"train{b}", [str(binary), name, "--batch-size", str(b), "--epochs",
+                                            "1", "--join-now", "--report",
+                                            str(tmp_path / f"report{b}.json")])
+                    for b in (48, 100)}
+        from batchcast.status import list_producers
+
+        def present() -> bool:
+            listing = list_producers(name)
+            return bool(listing) and len((listing[0].get("status") or {}).get("consumers", [])) == 3
+        eventually(present, "both C++ trainers to join", 60, watch=list(trainers.values()))
+        (tmp_path / "go").touch()
+        for b, p in trainers.items():
+            assert p.wait(120) == 0, (tmp_path / f"train{b}.err").read_text()
+        procs.wait_all(120)
+        assert producer.wait(60) == 0, (tmp_path / "producer.err").read_text()
+    finally:
+        procs.kill_all()
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for b in (48, 100):
+        report = json.loads((tmp_path / f"report{b}.json").read_text())
+        assert 0 < report["first_position"] < samples, report  # mid-epoch, at once
+        assert report["batches_per_epoch"] == math.ceil(samples / b), report
+        (epoch,) = report["epochs"]
+        assert epoch["exactly_once"] and epoch["samples"] == samples, report
+        assert epoch["batches"] == math.ceil(samples / b), report
+
+
 # ---- drop-in details -------------------------------------------------------
 
 def serve_in_thread(loader, name, **options) -> bc.Producer:

@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 from workers import IdDataset, check_values, sample_ids
 
 
-def make_loader(samples: int, loader_batch: int, seed: int = 0) -> DataLoader:
+def make_loader(samples: int, loader_batch: int, seed: int = 0, workers: int = 0) -> DataLoader:
     """The same shuffled order on every node (a fixed seed), as a sweep needs."""
     return DataLoader(IdDataset(samples), batch_size=loader_batch, shuffle=True,
-                      generator=torch.Generator().manual_seed(seed))
+                      generator=torch.Generator().manual_seed(seed), num_workers=workers)
 
 
 def loader_order(samples: int, loader_batch: int, seed: int = 0) -> list[list[int]]:
@@ -28,15 +28,15 @@ def loader_order(samples: int, loader_batch: int, seed: int = 0) -> list[list[in
     return [[i for _, ids in loader for i in ids.tolist()] for _ in range(4)]
 
 
-def loader_factory(samples: int, loader_batch: int, seed: int = 0):
-    return functools.partial(make_loader, samples, loader_batch, seed)
+def loader_factory(samples: int, loader_batch: int, seed: int = 0, workers: int = 0):
+    return functools.partial(make_loader, samples, loader_batch, seed, workers)
 
 
 @ray.remote(num_cpus=0.5, max_retries=0)
 def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: int,
           min_consumers: int = 1, idle_timeout: float | None = 300.0,
           die_after: int = -1, started: Any = None, sleep: float = 0.0,
-          producer_epochs: int | None = None) -> dict[str, Any]:
+          producer_epochs: int | None = None, workers: int = 0) -> dict[str, Any]:
     """A trial: the node's stream at its own batch size for `epochs` epochs,
     every value checked. `die_after` >= 0: killed (SIGKILL, by itself) after
     that many batches, holding them. `started`: an actor told of every batch.
@@ -45,7 +45,8 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
 
     import batchcast as bc
 
-    consumer = bc.ray.consumer(name, loader_factory(samples, loader_batch), batch_size=batch_size,
+    consumer = bc.ray.consumer(name, loader_factory(samples, loader_batch, workers=workers),
+                               batch_size=batch_size,
                                idle_timeout=idle_timeout,
                                producer_options={"min_consumers": min_consumers,
                                                  "epochs": producer_epochs})

@@ -182,6 +182,32 @@ def test_a_node_added_mid_sweep_gets_its_producer_and_removing_it_takes_only_its
     assert_nothing_left(cluster, pids)
 
 
+def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_place(cluster):
+    """The Ray door has what bc.Producer has: a trial that joins while the
+    node's producer is mid-epoch starts at once with epochs of its own, and
+    the loader's workers write its batches into the ring."""
+    import batchcast.ray as bcr
+    from ray_workers import Progress, trial
+
+    a = cluster.workers[0].node_id
+    with bcr.serving("door"):
+        progress = Progress.options(scheduling_strategy=on(a)).remote()
+        first = trial.options(scheduling_strategy=on(a)).remote(
+            "door", SAMPLES, LOADER_BATCH, 16, 3, started=progress, sleep=0.15, workers=2)
+        eventually(lambda: ray.get(progress.count.remote(a)) >= 3, "the first trial to start", 120)
+        late = trial.options(scheduling_strategy=on(a)).remote(
+            "door", SAMPLES, LOADER_BATCH, 7, 1, workers=2)
+        whole, joined = ray.get([first, late], timeout=240)
+        (info,) = bcr.producers("door")
+    at = joined["stats"]["first_position"]
+    assert 0 < at < SAMPLES, f"the late trial started at position {at}"
+    stream = [i for epoch in whole["epochs"] for i in epoch]
+    assert all(sorted(e) == list(range(SAMPLES)) for e in whole["epochs"])
+    start = joined["stats"]["epoch"] * SAMPLES + at  # (the first trial's 3 epochs cover it)
+    assert joined["epochs"] == [stream[start:start + SAMPLES]]  # an epoch of its own, in order
+    assert info["stats"]["batches_in_place"] > 0, info["stats"]
+
+
 def test_an_idle_producer_ends_itself_and_the_next_trial_starts_a_new_one(cluster):
     from ray_workers import loader_order, trial
 

@@ -298,3 +298,38 @@ def test_notebook_kernel(procs, name, loaders):
     finally:
         kernel.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_a_loader_the_producer_cannot_see_into_is_one_warning_naming_what_is_lost(
+        runtime_dir, name, caplog):
+    """A user's wrapper of a DataLoader hides its order and workers: the
+    producer says once, as a WARNING, which capabilities that costs and
+    what to pass instead. A list of batches has no order to keep: INFO."""
+    import logging
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    import batchcast as bc
+    from workers import IdDataset
+
+    class Wrapped:  # delegates to its DataLoader, as users' wrappers do
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+        def __len__(self):
+            return len(self.loader)
+
+    caplog.set_level(logging.DEBUG, logger="batchcast")
+    bc.Producer(Wrapped(DataLoader(IdDataset(16), batch_size=4, num_workers=2)), name).close()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, caplog.text
+    message = warned[0].getMessage()
+    assert "no joining mid-epoch" in message and "Wrapped, not a DataLoader" in message
+    assert "pass the DataLoader itself" in message
+    caplog.clear()
+    bc.Producer([torch.zeros(4, 2)] * 3, name).close()
+    assert [r.levelno for r in caplog.records if "no joining" in r.getMessage()] == [logging.INFO]

@@ -240,6 +240,8 @@ class _Live:
                         waiting = f"consumer pid {behind[0].get('pid')} (ring full)"
                 idle = _duration(now - self.last_progress)
                 shares = f"no batch for {idle}: waiting for {waiting}"
+                if stats.get("stuck"):
+                    shares = f"stuck: {stats['stuck']}"
             elif consumers or published:
                 loader, wait, copy = (delta(k) for k in
                                       ("loader_seconds", "wait_seconds", "publish_seconds"))
@@ -683,6 +685,8 @@ def _status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
         lines.append(f"  now: waiting {_duration(since)} for {who} to free ring space")
     elif waiting == "loader":
         lines.append(f"  now: waiting {_duration(since)} for the loader's next batch")
+    if status.get("stuck"):  # nothing can move: the consumers keeping batches are about to go
+        lines.append(f"  stuck: {status['stuck']}")
     if not consumers:
         return lines, None
     from rich.padding import Padding

@@ -276,8 +276,8 @@ TEST(FrameQueue, AWriterKilledAtRandomPointsLeavesTheReaderWorking) {
 TEST(Mailbox, OpensThroughProcAndCarriesBothWays) {
   int bell[2];
   ASSERT_EQ(::pipe2(bell, O_NONBLOCK | O_CLOEXEC), 0);
-  auto producer = Mailbox::create("test", bell[1]);
-  auto consumer = Mailbox::open(producer->description(), ::getpid());
+  auto producer = Mailbox::create("test", bell[1], 7);
+  auto consumer = Mailbox::open(producer->description(), ::getpid(), 7);
   std::string out;
   EXPECT_EQ(producer->post("announcement"), Push::Done);
   EXPECT_EQ(producer->post_marker(), Push::Done);
@@ -301,8 +301,8 @@ TEST(Mailbox, OpensThroughProcAndCarriesBothWays) {
 TEST(Mailbox, BellsRingOnlyForASideThatSleeps) {
   int bell[2];
   ASSERT_EQ(::pipe2(bell, O_NONBLOCK | O_CLOEXEC), 0);
-  auto producer = Mailbox::create("test", bell[1]);
-  auto consumer = Mailbox::open(producer->description(), ::getpid());
+  auto producer = Mailbox::create("test", bell[1], 7);
+  auto consumer = Mailbox::open(producer->description(), ::getpid(), 7);
   std::string out;
   // Awake consumer: not rung.
   producer->post("a");
@@ -357,22 +357,31 @@ TEST(Mailbox, BellsRingOnlyForASideThatSleeps) {
 TEST(Mailbox, WhatIsNotAMailboxIsNotOpened) {
   int bell[2];
   ASSERT_EQ(::pipe2(bell, O_NONBLOCK | O_CLOEXEC), 0);
-  auto producer = Mailbox::create("test", bell[1]);
+  auto producer = Mailbox::create("test", bell[1], 7);
   protocol::MailboxReady d = producer->description();
   auto with = [&](auto change) {
     protocol::MailboxReady x = d;
     change(x);
     return x;
   };
-  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.to_consumer += 8; }), ::getpid()), MalformedMessage);
-  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.to_producer = 12; }), ::getpid()), MalformedMessage);
-  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.bytes = 0; }), ::getpid()), MalformedMessage);
+  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.to_consumer += 8; }), ::getpid(), 7), MalformedMessage);
+  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.to_producer = 12; }), ::getpid(), 7), MalformedMessage);
+  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.bytes = 0; }), ::getpid(), 7), MalformedMessage);
   // Another file of the right size: not a mailbox.
   int other = ::memfd_create("other", MFD_CLOEXEC);
   ASSERT_EQ(::ftruncate(other, static_cast<off_t>(d.bytes)), 0);
-  EXPECT_THROW(Mailbox::open(with([&](auto& x) { x.memory_fd = other; }), ::getpid()), MalformedMessage);
+  EXPECT_THROW(Mailbox::open(with([&](auto& x) { x.memory_fd = other; }), ::getpid(), 7), MalformedMessage);
+  // Another consumer's mailbox (a descriptor number the producer reused):
+  // never attached to.
+  try {
+    Mailbox::open(d, ::getpid(), 8);
+    ADD_FAILURE() << "opened another consumer's mailbox";
+  } catch (const MalformedMessage& e) {
+    EXPECT_NE(std::string(e.what()).find("consumer 7's, not this consumer's (8)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(Mailbox::open(d, ::getpid(), 7));
   // No such descriptor in the producer.
-  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.consumer_bell = 999999; }), ::getpid()), SystemError);
+  EXPECT_THROW(Mailbox::open(with([](auto& x) { x.consumer_bell = 999999; }), ::getpid(), 7), SystemError);
   ::close(other);
   ::close(bell[0]);
   ::close(bell[1]);
@@ -445,4 +454,27 @@ TEST(Ordering, MessagesTooLargeForTheMailboxTakeTheirPlaceThroughTheirMarkers) {
     EXPECT_EQ(handled, sent) << "seed " << seed;
     EXPECT_FALSE(inbox.expects_socket());
   }
+}
+
+// The producer sees a consumer's trainer blocked waiting for a message (it
+// said so before sleeping, and has read everything), and no longer once a
+// message is posted.
+TEST(Mailbox, TheProducerSeesATrainerThatWaits) {
+  int bell[2];
+  ASSERT_EQ(::pipe2(bell, O_NONBLOCK | O_CLOEXEC), 0);
+  auto producer = Mailbox::create("test", bell[1], 7);
+  auto consumer = Mailbox::open(producer->description(), ::getpid(), 7);
+  EXPECT_FALSE(producer->consumer_waits());
+  ASSERT_TRUE(consumer->consumer_sleeps());
+  EXPECT_TRUE(producer->consumer_waits());
+  ASSERT_EQ(producer->post("hello"), FrameQueue::Push::Done);
+  EXPECT_FALSE(producer->consumer_waits());  // rung, and a message to read
+  consumer->consumer_woke();
+  std::string out;
+  ASSERT_EQ(consumer->receive(out), FrameQueue::Pop::Frame);
+  EXPECT_FALSE(producer->consumer_waits());  // awake
+  ASSERT_TRUE(consumer->consumer_sleeps());
+  EXPECT_TRUE(producer->consumer_waits());
+  ::close(bell[0]);
+  ::close(bell[1]);
 }

@@ -96,6 +96,12 @@ struct Harness {
   void sweep(bool waiting = false) {
     take(m.on_sweep([&](int64_t pid) { return dead.count(pid) == 0; }, waiting, now));
   }
+  // A sweep while the producer waits for space, `blocked` the consumers whose
+  // trainers wait for their next batch.
+  void sweep_blocked(const std::set<std::string>& blocked) {
+    take(m.on_sweep([&](int64_t pid) { return dead.count(pid) == 0; }, true, now,
+                    [&](const std::string& peer) { return blocked.count(peer) != 0; }));
+  }
 
   template <typename T>
   std::vector<T> of(const std::string& peer) const {
@@ -869,4 +875,35 @@ TEST(Membership, AResumeOfAnEpochThatBeganMidEpochIsExactWhileHeldAndItsPosition
   EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).resume, protocol::Resume::NextPass);
   EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).first_position, 0);
   EXPECT_TRUE(h.said("no longer holds"));
+}
+
+// Nothing can move: the ring is full and every consumer holding a slot waits
+// for its next batch. After kStuckSeconds the one keeping batches is evicted
+// naming the fix, the log says who holds what; the one only holding the batch
+// in hand stays. Not before, and never while someone is not waiting.
+TEST(Membership, ARingThatCannotMoveEvictsTheConsumerKeepingBatches) {
+  Harness h(with(2));
+  h.hello("keeper", 10);
+  h.hello("trainer", 11);
+  h.begin(0);
+  const uint64_t s1 = h.batch(), s2 = h.batch();
+  h.release("keeper", {s2});   // keeps s1, moved past it
+  h.release("trainer", {s1});  // holds s2: the batch in its hands
+  h.sweep_blocked({"keeper"});  // the trainer computes: it may let go
+  EXPECT_EQ(h.m.stuck(), "");
+  h.sweep_blocked({"keeper", "trainer"});
+  EXPECT_NE(h.m.stuck().find("pid 10 holds 1 slot (1 of batches it keeps)"), std::string::npos) << h.m.stuck();
+  EXPECT_TRUE(h.of<protocol::Evicted>("keeper").empty());
+  h.now += std::chrono::milliseconds(static_cast<int>(Membership::kStuckSeconds * 1000) + 100);
+  h.sweep_blocked({"keeper", "trainer"});
+  ASSERT_EQ(h.of<protocol::Evicted>("keeper").size(), 1u);
+  const std::string reason = h.of<protocol::Evicted>("keeper")[0].reason;
+  EXPECT_NE(reason.find("Keep .clone()s"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("slots=2"), std::string::npos) << reason;
+  EXPECT_TRUE(h.of<protocol::Evicted>("trainer").empty());
+  EXPECT_TRUE(h.said("cannot go on"));
+  EXPECT_EQ(h.m.stuck(), "");
+  // The keeper's trainer lets go: its slot is freed.
+  h.release("keeper", {s1});
+  EXPECT_EQ(h.freed.count(s1), 1u);
 }

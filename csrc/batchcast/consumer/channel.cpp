@@ -219,7 +219,7 @@ void Channel::released(uint64_t seq) noexcept {
 void Channel::act(SessionActions a) {
   if (a.mailbox) {
     try {
-      mailbox_ = Mailbox::open(*a.mailbox, session_.welcome()->producer_pid);
+      mailbox_ = Mailbox::open(*a.mailbox, session_.welcome()->producer_pid, session_.welcome()->consumer_id);
     } catch (const SystemError& e) {
       // Gone from the producer (ENOENT): it closed while this consumer joined.
       std::exception_ptr failure = std::current_exception();

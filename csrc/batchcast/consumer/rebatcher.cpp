@@ -376,6 +376,10 @@ Batch Rebatcher::take(int64_t n) {
         if (expect != nullptr && start_of(p) != expect) contiguous = false;
         expect = start_of(p) + static_cast<uint64_t>(p.count) * row;
       }
+      // A view holds every slot it spans while the trainer has it: wider than
+      // what this consumer may hold pending, it could take the flow's whole
+      // room (a small ring, small loader batches): one copy instead.
+      if (static_cast<int64_t>(pieces.size()) > max_pending_ + 1) contiguous = false;
       std::vector<int64_t> shape = t0->shape;
       const c10::Device device = pieces.front().batch->device;
       auto options = at::TensorOptions().dtype(from_wire(t0->dtype)).device(device);

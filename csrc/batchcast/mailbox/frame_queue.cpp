@@ -56,6 +56,10 @@ FrameQueue::Push FrameQueue::put(uint32_t kind, const void* frame, std::size_t s
   return Push::Done;
 }
 
+bool FrameQueue::all_read() const {
+  return indices_ != nullptr && indices_->read.load(std::memory_order_seq_cst) == written_;
+}
+
 bool FrameQueue::has_unread() const {
   return indices_->written.load(std::memory_order_seq_cst) != read_;
 }

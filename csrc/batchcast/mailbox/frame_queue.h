@@ -56,6 +56,8 @@ class FrameQueue {
   Pop pop(std::string& out);
   // Whether the writer has published anything not read yet (never a false Empty).
   bool has_unread() const;
+  // Writer: whether the reader has taken everything published so far.
+  bool all_read() const;
   // Records dropped as impossible (each drop counts once).
   int64_t dropped() const { return dropped_; }
 

@@ -12,7 +12,7 @@ namespace batchcast {
 namespace {
 
 constexpr uint64_t kMagic = 0x58424c4d54534342;  // "BCSTMLBX"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr uint64_t kDataOffset = 4096;
 
 Fd reopen(long pid, int fd, int flags, const char* what) {
@@ -33,13 +33,14 @@ struct Mailbox::Shared {
   uint32_t reserved;
   uint64_t to_consumer_bytes;
   uint64_t to_producer_bytes;
+  uint64_t owner;  // the consumer's id: a reader checks the mailbox it opened is its own
   FrameQueue::Indices to_consumer;
   FrameQueue::Indices to_producer;
   alignas(64) std::atomic<uint32_t> consumer_asleep;
   alignas(64) std::atomic<uint32_t> producer_asleep;
 };
 
-std::unique_ptr<Mailbox> Mailbox::create(const std::string& label, int producer_bell) {
+std::unique_ptr<Mailbox> Mailbox::create(const std::string& label, int producer_bell, uint64_t owner) {
   static_assert(sizeof(Shared) <= kDataOffset);
   static_assert(std::atomic<uint32_t>::is_always_lock_free);
   std::unique_ptr<Mailbox> m(new Mailbox());
@@ -58,6 +59,7 @@ std::unique_ptr<Mailbox> Mailbox::create(const std::string& label, int producer_
   s->version = kLayoutVersion;
   s->to_consumer_bytes = kToConsumerBytes;
   s->to_producer_bytes = kToProducerBytes;
+  s->owner = owner;
   int fds[2];
   if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) throw SystemError("pipe for a mailbox", errno);
   m->consumer_bell_ = Fd(fds[0]);
@@ -78,7 +80,7 @@ protocol::MailboxReady Mailbox::description() const {
   return d;
 }
 
-std::unique_ptr<Mailbox> Mailbox::open(const protocol::MailboxReady& ready, long producer_pid) {
+std::unique_ptr<Mailbox> Mailbox::open(const protocol::MailboxReady& ready, long producer_pid, uint64_t owner) {
   auto bad = [](const char* what) { return MalformedMessage(std::string("mailbox: ") + what); };
   if (ready.to_consumer < 64 || ready.to_producer < 64 || ready.to_consumer % 8 != 0 ||
       ready.to_producer % 8 != 0 || ready.to_consumer > (1u << 30) || ready.to_producer > (1u << 30) ||
@@ -96,6 +98,10 @@ std::unique_ptr<Mailbox> Mailbox::open(const protocol::MailboxReady& ready, long
   if (s->magic != kMagic || s->version != kLayoutVersion || s->to_consumer_bytes != ready.to_consumer ||
       s->to_producer_bytes != ready.to_producer) {
     throw bad("not a mailbox of this version");
+  }
+  if (s->owner != owner) {
+    throw bad(("consumer " + std::to_string(s->owner) + "'s, not this consumer's (" + std::to_string(owner) +
+               ")").c_str());
   }
   m->consumer_bell_ = reopen(producer_pid, ready.consumer_bell, O_RDWR | O_NONBLOCK, "mailbox bell");
   m->producer_bell_ = reopen(producer_pid, ready.producer_bell, O_RDWR | O_NONBLOCK, "bell");
@@ -137,6 +143,10 @@ FrameQueue::Push Mailbox::rang_consumer(FrameQueue::Push pushed) {
 }
 
 FrameQueue::Pop Mailbox::collect(std::string& out) { return to_producer_.pop(out); }
+
+bool Mailbox::consumer_waits() const {
+  return shared_->consumer_asleep.load(std::memory_order_seq_cst) != 0 && to_consumer_.all_read();
+}
 
 bool Mailbox::producer_sleeps(bool for_releases, bool for_room) {
   shared_->producer_asleep.store((for_releases ? kForReleases : 0u) | (for_room ? kForRoom : 0u),

@@ -42,14 +42,17 @@ class Mailbox {
   static constexpr uint64_t kToConsumerBytes = 1u << 20;
   static constexpr uint64_t kToProducerBytes = 256u << 10;
 
-  // Producer side: a new mailbox; `producer_bell` is the pipe (an end of it
-  // that stays open in this process) a consumer writes to wake the producer.
-  static std::unique_ptr<Mailbox> create(const std::string& label, int producer_bell);
+  // Producer side: a new mailbox for consumer `owner` (its id); `producer_bell`
+  // is the pipe (an end of it that stays open in this process) a consumer
+  // writes to wake the producer.
+  static std::unique_ptr<Mailbox> create(const std::string& label, int producer_bell, uint64_t owner);
   // What the consumer is told (MailboxReady).
   protocol::MailboxReady description() const;
-  // Consumer side: opens the mailbox `ready` describes, in process `producer_pid`.
-  // Throws SystemError (cannot open it) or MalformedMessage (not a mailbox).
-  static std::unique_ptr<Mailbox> open(const protocol::MailboxReady& ready, long producer_pid);
+  // Consumer side: opens the mailbox `ready` describes, in process
+  // `producer_pid`, for consumer `owner`. Throws SystemError (cannot open it)
+  // or MalformedMessage (not a mailbox, or another consumer's: the producer
+  // reused the descriptor's number for another's mailbox meanwhile).
+  static std::unique_ptr<Mailbox> open(const protocol::MailboxReady& ready, long producer_pid, uint64_t owner);
 
   ~Mailbox();
   Mailbox(const Mailbox&) = delete;
@@ -62,6 +65,9 @@ class Mailbox {
   FrameQueue::Push post_marker();
   // The next frame the consumer sent, or Empty.
   FrameQueue::Pop collect(std::string& out);
+  // Whether the consumer's trainer sleeps waiting for a message (it said so
+  // before sleeping; a message posted since wakes it).
+  bool consumer_waits() const;
   // Whether the producer wants to be rung when the consumer releases a slot
   // (a publish waits for space), or when it makes room in the queue to it (a
   // message waits for room); true returned: a release is there already (do

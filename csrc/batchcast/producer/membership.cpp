@@ -48,6 +48,19 @@ int32_t Membership::pin_budget() const {
   return static_cast<int32_t>(std::max<int64_t>(0, options_.slots / n - 4));
 }
 
+int64_t Membership::kept_slots() const {
+  int64_t kept = 0;
+  for (const auto& [seq, hold] : slots_.held()) {
+    for (const auto& peer : hold.holders) {
+      if (seq < members_.at(peer).released_upto) {
+        kept += 1;
+        break;
+      }
+    }
+  }
+  return kept;
+}
+
 std::vector<int64_t> Membership::ring_unmapped_yet() const {
   std::vector<int64_t> pids;
   for (const auto& [peer, m] : members_) {
@@ -272,6 +285,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.first_position = start.offset;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
+  out.sends.back().consumer_id = member.id;
   if (group == 0) {
     begin(peer, member, start, out);  // what it resumes or catches up on, even from a finished producer
   } else if (!finished_ && groups_.at(group).ranks.size() == static_cast<std::size_t>(hello.world_size)) {
@@ -735,7 +749,7 @@ std::vector<int64_t> Membership::steer_epoch(int64_t epoch) {
 // ---- liveness and stragglers ------------------------------------------------
 
 Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool waiting_for_space,
-                             Clock::time_point now) {
+                             Clock::time_point now, const std::function<bool(const std::string&)>& waits) {
   Actions out;
   std::vector<std::string> dead;
   for (const auto& [peer, m] : members_) {
@@ -745,7 +759,13 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   const double since_last = last_sweep_ ? std::chrono::duration<double>(now - *last_sweep_).count() : 0;
   last_sweep_ = now;
   holding_up_.clear();
-  if (!waiting_for_space) return out;
+  if (!waiting_for_space) {
+    stuck_since_.reset();
+    stuck_.clear();
+    return out;
+  }
+  check_stuck(waits, now, out);
+  if (out.members_changed) return out;  // evicted (or crashed): look again next time
   // The member that has left a batch unreleased the longest, among batches it
   // has not moved past (those it keeps are within its pin budget) and that
   // are not the newest it was sent: the one the producer waits for. One
@@ -784,6 +804,87 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   const double held = std::chrono::duration<double>(now - oldest).count();
   if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict(slowest, held, out);
   return out;
+}
+
+// The ring cannot move: the producer waits for space, and every consumer
+// holding a slot is itself blocked waiting for its next batch, so the slots
+// are held by batches its trainer still references (ones it keeps, and the
+// one in hand) and nothing will free them. After kStuckSeconds of that, the
+// log says who holds what, and the consumers that keep batches (or, if none
+// does, the one holding the most) are evicted with what to change; the
+// others go on with the slots they give back.
+void Membership::check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now,
+                             Actions& out) {
+  struct Holding {
+    int64_t held = 0;
+    int64_t kept = 0;
+  };
+  std::map<std::string, Holding> holding;
+  for (const auto& [seq, hold] : slots_.held()) {
+    for (const auto& peer : hold.holders) {
+      const Member& m = members_.at(peer);
+      holding[peer].held += 1;
+      holding[peer].kept += seq < m.released_upto ? 1 : 0;
+    }
+  }
+  bool standing = static_cast<bool>(waits) && !holding.empty();
+  for (const auto& [peer, h] : holding) {
+    standing = standing && !members_.at(peer).leaving && waits(peer);
+  }
+  if (!standing) {
+    stuck_.clear();  // someone may still let go; the clock goes on while nothing is freed
+    return;
+  }
+  if (!stuck_since_) stuck_since_ = now;
+  std::string who;
+  std::string keeper, largest;
+  int64_t most = -1;
+  for (const auto& [peer, h] : holding) {
+    const Member& m = members_.at(peer);
+    who += (who.empty() ? "" : ", ") + std::string("pid ") + std::to_string(m.pid) + " holds " +
+           std::to_string(h.held) + (h.held == 1 ? " slot" : " slots") +
+           (h.kept > 0 ? " (" + std::to_string(h.kept) + " of batches it keeps)" : std::string());
+    if (h.held > most) {
+      most = h.held;
+      largest = peer;
+    }
+  }
+  stuck_ = "the ring is full and every consumer waits for its next batch: " + who;
+  const double seconds = std::chrono::duration<double>(now - *stuck_since_).count();
+  if (seconds < kStuckSeconds) return;
+  report(out, Report::Level::Notice,
+         "producer '" + options_.name + "' cannot go on: " + stuck_ + " (of " + std::to_string(options_.slots) +
+             " slots); evicting the consumers that keep batches");
+  std::vector<std::string> victims;
+  for (const auto& [peer, h] : holding) {
+    if (h.kept > 0) victims.push_back(peer);
+  }
+  if (victims.empty()) victims.push_back(largest);
+  for (const auto& peer : victims) {
+    const Holding& h = holding.at(peer);
+    evict_keeper(peer,
+                 "its trainer references " + std::to_string(h.held) + " of the ring's slots (" +
+                     std::to_string(h.kept) + " of them batches it keeps) while every consumer waits for " +
+                     "the next batch and the ring is full, so nothing could move",
+                 out);
+  }
+  stuck_since_.reset();
+  stuck_.clear();
+}
+
+void Membership::evict_keeper(const std::string& peer, const std::string& why, Actions& out) {
+  Member& m = members_.at(peer);
+  const std::string reason = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
+                             std::to_string(m.pid) + "): " + why +
+                             ". Keep .clone()s of the batches you store (e.g. x.clone()), not the batches "
+                             "themselves, or serve with more slots (slots=" +
+                             std::to_string(options_.slots) + " now)";
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{reason})));
+  m.leaving = true;
+  counters_.evictions += 1;
+  out.members_changed = true;
+  break_group(peer, "was evicted (its batches held the ring full)", out);
+  report(out, Report::Level::Notice, who(m) + " was evicted: " + why);
 }
 
 void Membership::evict(const std::string& peer, double held_seconds, Actions& out) {

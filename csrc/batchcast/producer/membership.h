@@ -127,6 +127,7 @@ struct Actions {
     std::string peer;
     std::shared_ptr<const std::string> bytes;
     bool welcome = false;  // the peer's Welcome: what follows may take another way
+    uint64_t consumer_id = 0;  // with welcome: the id it gave the consumer
   };
   std::vector<Send> sends;
   std::vector<Report> reports;
@@ -158,9 +159,16 @@ class Membership {
   Actions on_finished(const protocol::Finished& finished);
 
   // Periodically: consumers whose process is gone are dropped; while the
-  // producer waits for ring space, a straggler is evicted.
+  // producer waits for ring space, a straggler is evicted, and a ring that
+  // cannot move at all (`waits(peer)`: that consumer's trainer is blocked
+  // waiting for its next batch; none given: unknown) is resolved (stuck()).
   Actions on_sweep(const std::function<bool(int64_t pid)>& alive, bool waiting_for_space,
-                   Clock::time_point now);
+                   Clock::time_point now, const std::function<bool(const std::string&)>& waits = {});
+  // How long a ring may stand still with every holder waiting before the
+  // consumers keeping batches are evicted.
+  static constexpr double kStuckSeconds = 2.0;
+  // While the ring stands still that way: who holds what ("" otherwise).
+  const std::string& stuck() const { return stuck_; }
 
   // A message that is not even two frames (a peer id and a body).
   Actions on_malformed();
@@ -183,6 +191,9 @@ class Membership {
   std::vector<ConsumerInfo> consumers() const;
   const MembershipCounters& counters() const { return counters_; }
   int32_t pin_budget() const;
+  // Slots some consumer holds and has moved past: batches kept, which the
+  // ring makes room for beside the flow (Ring::try_reserve).
+  int64_t kept_slots() const;
   int64_t slots_held() const { return static_cast<int64_t>(slots_.held().size()); }
   // Where the consumers present joined mid-epoch (sorted, > 0): the producer
   // keeps the samples before each the same set in its next epoch. Called as
@@ -257,6 +268,8 @@ class Membership {
   void forget_if_done(const std::string& peer, Actions& out);
   void remove(const std::string& peer, Departure how, Actions& out);
   void evict(const std::string& peer, double held_seconds, Actions& out);
+  void check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now, Actions& out);
+  void evict_keeper(const std::string& peer, const std::string& why, Actions& out);
   void end_retention();
   void report(Actions& out, Report::Level level, std::string message) const;
   std::string who(const Member& m) const;
@@ -281,6 +294,10 @@ class Membership {
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
   std::optional<Clock::time_point> last_sweep_;
   std::string holding_up_;  // the member the last sweep found the producer waiting for
+  // Since when the ring has stood still with every holder waiting, and the
+  // status saying so.
+  std::optional<Clock::time_point> stuck_since_;
+  std::string stuck_;
   MembershipCounters counters_;
 };
 

@@ -388,7 +388,7 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
   try {
     wait(lock, space_, -1, [&] {
       if (!slot && phase_ == Phase::Serving) {
-        slot = ring_->try_reserve(layout.bytes, layout.align);
+        slot = ring_->try_reserve(layout.bytes, layout.align, membership_.kept_slots());
         if (slot && lease) slots_.lease(slot->seq);
         if (slot && !lease) slots_.reserve(slot->seq);
       }
@@ -648,6 +648,7 @@ ProducerStats Producer::stats() const {
     s.direct_copies = ring_->direct_copies();
   }
   s.pin_budget = membership_.pin_budget();
+  s.stuck = membership_.stuck();
   s.consumers = membership_.consumers();
   return s;
 }
@@ -710,9 +711,16 @@ void Producer::serve_until_quit() {
         std::lock_guard<std::mutex> lock(mu_);
         // Slots that just went back may not have reached the waiting
         // publish yet: it is not waiting on anyone until it has tried them.
+        // A trainer blocked in take() says so in its mailbox (it sleeps there).
+        auto waits = [this](const std::string& peer) {
+          auto link = links_.find(peer);
+          return link != links_.end() && link->second.mailbox && link->second.mailbox->consumer_waits();
+        };
         actions = membership_.on_sweep([](int64_t pid) { return process_alive(pid); },
-                                       waiting_for_space_ && !freed_since_sweep_, last_sweep);
+                                       waiting_for_space_ && !freed_since_sweep_, last_sweep, waits);
         freed_since_sweep_ = false;
+        // Releases change what counts as kept (room the ring makes): try again.
+        if (waiting_for_space_) space_.notify_all();
       }
       apply(std::move(actions));
     }
@@ -776,9 +784,9 @@ void Producer::collect_releases(const std::string* only) {
   apply(std::move(actions));
 }
 
-void Producer::open_mailbox(const std::string& peer) {
+void Producer::open_mailbox(const std::string& peer, uint64_t consumer_id) {
   try {
-    auto mailbox = Mailbox::create(options_.name, bell_.get());
+    auto mailbox = Mailbox::create(options_.name, bell_.get(), consumer_id);
     transport::try_send(router_, {peer, protocol::encode(mailbox->description())});
     links_[peer].mailbox = std::move(mailbox);
   } catch (const Error& e) {
@@ -842,7 +850,7 @@ void Producer::apply(Actions actions) {
     }
     // False: the peer's connection is gone; the liveness sweep removes it.
     transport::try_send(router_, {send.peer, *send.bytes});
-    if (send.welcome) open_mailbox(send.peer);
+    if (send.welcome) open_mailbox(send.peer, send.consumer_id);
   }
   if (actions.members_changed) forget_links();
   if (actions.members_changed) members_.notify_all();

@@ -116,6 +116,9 @@ struct ProducerOptions {
   X(int64_t, messages_over_socket, 0)                                                         \
   X(int64_t, slots_in_use, 0)                                                                 \
   X(int32_t, pin_budget, 0) /* slots each consumer may pin with batches it keeps */           \
+  /* While the ring is full and every consumer holding a slot waits for its next    */        \
+  /* batch (nothing can move): who holds what; the keepers are evicted after a while */       \
+  X(std::string, stuck, "")                                                                   \
   X(std::vector<ConsumerInfo>, consumers, {})
 
 struct ProducerStats {
@@ -267,7 +270,7 @@ class Producer {
 
   // The I/O thread.
   void serve();
-  void open_mailbox(const std::string& peer);
+  void open_mailbox(const std::string& peer, uint64_t consumer_id);
   void post(Link& link, const std::string& peer, const std::shared_ptr<const std::string>& bytes);
   static void post_pending(Link& link);
   bool sleep_ready();                              // arms the mailboxes; false: look again first

@@ -23,9 +23,9 @@ void Ring::allocate(const std::vector<uint64_t>& leaf_bytes) {
   uint64_t total = 0;
   for (uint64_t b : leaf_bytes) total += b;
   // `slots` batches in flight, one more because a lane can waste up to a batch
-  // at its wrap, and kept_room() more for batches consumers keep (see
+  // at its wrap, and `slots` more for batches consumers keep (see
   // Membership::pin_budget): kept batches are holes the flow goes around.
-  const uint64_t slots = static_cast<uint64_t>(options_.slots + 1 + kept_room());
+  const uint64_t slots = 2 * static_cast<uint64_t>(options_.slots) + 1;
   double scale = 1.0;  // min_bytes: a larger ring, for more in flight or larger batches
   if (total > 0 && options_.min_bytes > total * slots) {
     scale = static_cast<double>(options_.min_bytes) / static_cast<double>(total * slots);
@@ -95,7 +95,7 @@ void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) co
   for (uint64_t b : first_bytes_) total += b;
   const double growth = static_cast<double>(largest_[lane]) / static_cast<double>(std::max<uint64_t>(first_bytes_[lane], 1));
   const double want = std::ceil(worst * 1.25);  // some room beyond this batch
-  const uint64_t slots = static_cast<uint64_t>(options_.slots + 1 + kept_room());
+  const uint64_t slots = 2 * static_cast<uint64_t>(options_.slots) + 1;
   uint64_t ring_bytes = static_cast<uint64_t>(static_cast<double>(total * slots) * want);
   if (total == 0) {  // the first batch was empty: size the ring from this one
     for (uint64_t b : bytes) ring_bytes += b * slots * 2;
@@ -119,9 +119,7 @@ void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) co
       "(sort by length, or pad to a fixed size)");
 }
 
-int64_t Ring::kept_room() const {
-  return options_.cuda_device >= 0 ? options_.slots : std::max(options_.slots, kKeptOnHost);
-}
+int64_t Ring::kept_room() const { return std::max(options_.slots, kMinKeptRoom); }
 
 std::optional<RingSlot> Ring::try_reserve(const std::vector<uint64_t>& bytes,
                                           const std::vector<uint64_t>& align, int64_t kept) {

@@ -56,15 +56,16 @@ class Ring {
   // Later batches may be this many times the first batch's bytes per tensor
   // (padded sequences, variable-length samples) with the same guarantees.
   static constexpr double kGrowth = 4.0;
-  // Batches consumers keep that a host ring has room for, at least: its
-  // memory is touched only where used, so it costs nothing until keepers
-  // need it (a keeper pins up to two batches before it is noticed, whatever
-  // its budget, so a few keepers of a small ring would fill the flow's room).
-  static constexpr int64_t kKeptOnHost = 16;
+  // Kept batches the ring counts room for, at least (kept_room()). A keeper
+  // pins up to two batches before it is noticed, whatever its budget, so a
+  // few keepers of a small ring would take the flow's room; the lanes, laid
+  // out for batches up to kGrowth times the first, have the bytes for more
+  // batches than they count.
+  static constexpr int64_t kMinKeptRoom = 16;
   // Lays the lanes out for batches like this one and allocates the memory,
-  // once: room for `slots` in flight, one lost at a wrap, and kept_room()
-  // kept, of batches up to kGrowth times this one (or more, with min_bytes).
-  // Room beyond the first batch's size is touched only once batches grow into it.
+  // once: room for `slots` in flight, one lost at a wrap, and `slots` kept,
+  // of batches up to kGrowth times this one (or more, with min_bytes). Room
+  // beyond the first batch's size is touched only once batches grow into it.
   void allocate(const std::vector<uint64_t>& leaf_bytes);
   // Throws InvalidArgument, saying by how much and what to pass, when a
   // batch with these tensor sizes is larger than the lanes are laid out for.
@@ -75,7 +76,8 @@ class Ring {
   // nobody keeping, the flow may use that room).
   std::optional<RingSlot> try_reserve(const std::vector<uint64_t>& bytes,
                                       const std::vector<uint64_t>& align, int64_t kept = 0);
-  // Slots of kept batches the ring has room for besides the flow's.
+  // Slots of kept batches the ring counts room for besides the flow's (while
+  // its bytes and, on a GPU, its events last).
   int64_t kept_room() const;
   // Copies the batch's tensor leaves into its slot. A GPU ring queues the copy
   // and records the slot's event after it; the call returns meanwhile.

@@ -26,10 +26,15 @@ _open: "dict[tuple[str, str], weakref.ref[Producer]]" = {}
 
 
 def _interactive() -> bool:
-    """A notebook, IPython or the Python prompt (where cells are run again)."""
+    """A notebook, IPython or the Python prompt (where cells are run again).
+    A process that merely imported IPython or ipykernel (a test driving a
+    kernel, say) is none of these: IPython's shell runs in it only there."""
     import sys
 
-    return "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    in_shell = get_ipython is not None and get_ipython() is not None
+    return in_shell or hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
 def _make_way(name: str, runtime_dir: str | None) -> tuple[str, str]:

@@ -289,12 +289,12 @@ def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
     import io
     import re
 
-    from batchcast.cli import _Screen
+    from batchcast._display import Screen
 
     # The progress comes from the producer's own statistics.
     stats = {"epoch": 0, "epochs_done": 0, "epoch_batches": 3, "batches_per_epoch": 10}
     out = io.StringIO()
-    screen = _Screen(out, tty=False, epochs=2)
+    screen = Screen(out, tty=False, epochs=2)
     screen.message("consumer pid 7 [joined] 1.5")
     screen.update(stats, "3.0 batches/s | 1 consumer, slowest lag 2 (pid 7)")
     screen.update({**stats, "epoch_batches": 4}, "[bold]4.0[/] batches/s")
@@ -311,13 +311,13 @@ def test_the_status_off_a_terminal_is_one_plain_line_per_refresh():
 
 
 def test_the_live_status_fits_the_terminal_in_whole_parts():
-    from batchcast.cli import _fit
+    from batchcast._display import fit
 
     parts = ["12.0 batches/s, 384 samples/s", "3 consumers, slowest lag 4 (pid 77)",
              "waiting for loader 80%, for consumers 10%, copying 5%"]
-    assert _fit(parts, 200) == " | ".join(parts)
-    assert _fit(parts, 70) == " | ".join(parts[:2])
-    assert _fit(parts, 10) == parts[0]  # the first part always, even where it does not fit
+    assert fit(parts, 200) == " | ".join(parts)
+    assert fit(parts, 70) == " | ".join(parts[:2])
+    assert fit(parts, 10) == parts[0]  # the first part always, even where it does not fit
 
 
 def test_status_reports_and_removes_what_a_killed_serve_left(cli, loaders, runtime_dir):

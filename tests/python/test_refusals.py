@@ -325,7 +325,7 @@ def test_a_batch_beyond_what_the_ring_takes_is_an_error_naming_its_size_and_ring
 def test_a_consumer_waiting_for_min_consumers_says_so_and_status_shows_it(runtime_dir, name, caplog):
     import logging
 
-    from batchcast.cli import _status_block
+    from batchcast._status_text import status_block as _status_block
     from batchcast.status import list_producers
 
     caplog.set_level(logging.INFO, logger="batchcast")
@@ -381,7 +381,7 @@ def test_a_late_joiner_says_it_waits_for_the_next_epoch(runtime_dir, name, caplo
 
 
 def test_status_says_live_whom_the_producer_waits_for_and_what_each_trainer_does(runtime_dir, name):
-    from batchcast.cli import _consumer_now, _status_block
+    from batchcast._status_text import consumer_now as _consumer_now, status_block as _status_block
     from batchcast.status import list_producers
 
     with bc.Producer(Ids(4000, 4), name, epochs=1, slots=2, min_consumers=2) as producer:

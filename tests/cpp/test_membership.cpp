@@ -898,7 +898,7 @@ TEST(Membership, ARingThatCannotMoveEvictsTheConsumerKeepingBatches) {
   h.sweep_blocked({"keeper", "trainer"});
   ASSERT_EQ(h.of<protocol::Evicted>("keeper").size(), 1u);
   const std::string reason = h.of<protocol::Evicted>("keeper")[0].reason;
-  EXPECT_NE(reason.find("Keep .clone()s"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("keep .clone()s"), std::string::npos) << reason;
   EXPECT_NE(reason.find("slots=2"), std::string::npos) << reason;
   EXPECT_TRUE(h.of<protocol::Evicted>("trainer").empty());
   EXPECT_TRUE(h.said("cannot go on"));

@@ -36,10 +36,13 @@ def loader_factory(samples: int, loader_batch: int, seed: int = 0, workers: int 
 def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: int,
           min_consumers: int = 1, idle_timeout: float | None = 300.0,
           die_after: int = -1, started: Any = None, sleep: float = 0.0,
-          producer_epochs: int | None = None, workers: int = 0) -> dict[str, Any]:
+          producer_epochs: int | None = None, workers: int = 0,
+          hold_at: int = -1) -> dict[str, Any]:
     """A trial: the node's stream at its own batch size for `epochs` epochs,
     every value checked. `die_after` >= 0: killed (SIGKILL, by itself) after
-    that many batches, holding them. `started`: an actor told of every batch.
+    that many batches, holding them. `started`: an actor told of every batch;
+    with `hold_at`, after that many batches the trial waits (holding its
+    batch) until the test opens `started`'s gate.
     `sleep`: seconds of "training" per batch."""
     import time
 
@@ -58,6 +61,9 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
             ids += sample_ids(batch)
             if started is not None:
                 ray.get(started.batch.remote(ray.get_runtime_context().get_node_id()))
+                taken = ray.get(started.count.remote(ray.get_runtime_context().get_node_id()))
+                while taken == hold_at and not ray.get(started.is_open.remote()):
+                    time.sleep(0.02)
             if die_after >= 0:
                 held.append(batch)
                 if len(held) > die_after:
@@ -83,3 +89,9 @@ class Progress:
 
     def count(self, node_id: str) -> int:
         return self.batches.get(node_id, 0)
+
+    def open(self) -> None:
+        self.gate = True
+
+    def is_open(self) -> bool:
+        return getattr(self, "gate", False)

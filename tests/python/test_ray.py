@@ -192,11 +192,17 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
     a = cluster.workers[0].node_id
     with bcr.serving("door"):
         progress = Progress.options(scheduling_strategy=on(a)).remote()
+        # The first trial holds still at its 3rd batch until the late one has
+        # joined: loader batches of 4 (75 an epoch), so the producer, which
+        # runs ahead by at most the ring's batches, is mid-epoch 0 then.
         first = trial.options(scheduling_strategy=on(a)).remote(
-            "door", SAMPLES, LOADER_BATCH, 16, 3, started=progress, sleep=0.15, workers=2)
+            "door", SAMPLES, 4, 16, 3, started=progress, workers=2, hold_at=3)
         eventually(lambda: ray.get(progress.count.remote(a)) >= 3, "the first trial to start", 120)
         late = trial.options(scheduling_strategy=on(a)).remote(
-            "door", SAMPLES, LOADER_BATCH, 7, 1, workers=2)
+            "door", SAMPLES, 4, 7, 1, workers=2)
+        eventually(lambda: len(bcr.producers("door")[0]["stats"]["consumers"]) == 2,
+                   "the late trial to join", 120)
+        progress.open.remote()
         whole, joined = ray.get([first, late], timeout=240)
         (info,) = bcr.producers("door")
     at = joined["stats"]["first_position"]

@@ -802,7 +802,7 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   holding_up_ = slowest;
   members_.at(slowest).stall_seconds += since_last;
   const double held = std::chrono::duration<double>(now - oldest).count();
-  if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict(slowest, held, out);
+  if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict_straggler(slowest, held, out);
   return out;
 }
 
@@ -836,8 +836,7 @@ void Membership::check_stuck(const std::function<bool(const std::string&)>& wait
     return;
   }
   if (!stuck_since_) stuck_since_ = now;
-  std::string who;
-  std::string keeper, largest;
+  std::string who, largest;
   int64_t most = -1;
   for (const auto& [peer, h] : holding) {
     const Member& m = members_.at(peer);
@@ -862,48 +861,42 @@ void Membership::check_stuck(const std::function<bool(const std::string&)>& wait
   if (victims.empty()) victims.push_back(largest);
   for (const auto& peer : victims) {
     const Holding& h = holding.at(peer);
-    evict_keeper(peer,
-                 "its trainer references " + std::to_string(h.held) + " of the ring's slots (" +
-                     std::to_string(h.kept) + " of them batches it keeps) while every consumer waits for " +
-                     "the next batch and the ring is full, so nothing could move",
-                 out);
+    const std::string why = "its trainer references " + std::to_string(h.held) + " of the ring's slots (" +
+                            std::to_string(h.kept) +
+                            " of them batches it keeps) while every consumer waits for the next batch and "
+                            "the ring is full, so nothing could move";
+    const std::string fix = h.kept > 0 ? "keep .clone()s of the batches you store (e.g. x.clone()), not the "
+                                         "batches themselves, or serve with more slots (slots=" +
+                                             std::to_string(options_.slots) + " now)"
+                                       : "serve with more slots (slots=" + std::to_string(options_.slots) +
+                                             " now), or use a smaller batch size";
+    evict(peer, why + "; " + fix, why, "its batches held the ring full", out);
   }
   stuck_since_.reset();
   stuck_.clear();
 }
 
-void Membership::evict_keeper(const std::string& peer, const std::string& why, Actions& out) {
-  Member& m = members_.at(peer);
-  const std::string reason = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
-                             std::to_string(m.pid) + "): " + why +
-                             ". Keep .clone()s of the batches you store (e.g. x.clone()), not the batches "
-                             "themselves, or serve with more slots (slots=" +
-                             std::to_string(options_.slots) + " now)";
-  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{reason})));
-  m.leaving = true;
-  counters_.evictions += 1;
-  out.members_changed = true;
-  break_group(peer, "was evicted (its batches held the ring full)", out);
-  report(out, Report::Level::Notice, who(m) + " was evicted: " + why);
+void Membership::evict_straggler(const std::string& peer, double held_seconds, Actions& out) {
+  const std::string held = std::to_string(static_cast<int>(held_seconds));
+  evict(peer,
+        "it left a batch unconsumed for " + held + " s while the others waited (straggler_timeout=" +
+            std::to_string(options_.straggler_timeout) + " s); consume faster, or raise the timeout",
+        "it left a batch unconsumed for " + held + " s (straggler_timeout)", "straggler_timeout", out);
 }
 
-void Membership::evict(const std::string& peer, double held_seconds, Actions& out) {
+// It gets nothing more. What it references stays valid: the consumer
+// releases everything else when it reads this, and the rest when freed.
+void Membership::evict(const std::string& peer, const std::string& reason, const std::string& logged,
+                       const std::string& why_for_group, Actions& out) {
   Member& m = members_.at(peer);
-  const std::string reason =
-      "batchcast producer '" + options_.name + "' evicted this consumer (pid " + std::to_string(m.pid) +
-      "): it left a batch unconsumed for " + std::to_string(static_cast<int>(held_seconds)) +
-      " s while the others waited (straggler_timeout=" + std::to_string(options_.straggler_timeout) +
-      " s); consume faster, or raise the timeout";
-  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{reason})));
-  // It gets nothing more. What it references stays valid: the consumer
-  // releases everything else when it reads this, and the rest when freed.
+  const std::string told = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
+                           std::to_string(m.pid) + "): " + reason;
+  send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{told})));
   m.leaving = true;
   counters_.evictions += 1;
   out.members_changed = true;
-  break_group(peer, "was evicted (straggler_timeout)", out);
-  report(out, Report::Level::Notice, who(m) + " was evicted: it left a batch unconsumed for " +
-                                         std::to_string(static_cast<int>(held_seconds)) +
-                                         " s (straggler_timeout)");
+  break_group(peer, "was evicted (" + why_for_group + ")", out);
+  report(out, Report::Level::Notice, who(m) + " was evicted: " + logged);
 }
 
 }  // namespace batchcast

@@ -267,9 +267,11 @@ class Membership {
   int64_t taking() const;  // member processes that get batches (each rank of a group)
   void forget_if_done(const std::string& peer, Actions& out);
   void remove(const std::string& peer, Departure how, Actions& out);
-  void evict(const std::string& peer, double held_seconds, Actions& out);
+  void evict_straggler(const std::string& peer, double held_seconds, Actions& out);
   void check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now, Actions& out);
-  void evict_keeper(const std::string& peer, const std::string& why, Actions& out);
+  // Tells the consumer `reason`, logs `logged`; its group breaks.
+  void evict(const std::string& peer, const std::string& reason, const std::string& logged,
+             const std::string& why_for_group, Actions& out);
   void end_retention();
   void report(Actions& out, Report::Level level, std::string message) const;
   std::string who(const Member& m) const;

@@ -37,7 +37,7 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
           min_consumers: int = 1, idle_timeout: float | None = 300.0,
           die_after: int = -1, started: Any = None, sleep: float = 0.0,
           producer_epochs: int | None = None, workers: int = 0,
-          hold_at: int = -1) -> dict[str, Any]:
+          hold_at: int = -1, consumer_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A trial: the node's stream at its own batch size for `epochs` epochs,
     every value checked. `die_after` >= 0: killed (SIGKILL, by itself) after
     that many batches, holding them. `started`: an actor told of every batch;
@@ -52,8 +52,10 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
                                batch_size=batch_size,
                                idle_timeout=idle_timeout,
                                producer_options={"min_consumers": min_consumers,
-                                                 "epochs": producer_epochs})
+                                                 "epochs": producer_epochs},
+                               **(consumer_options or {}))
     got, held = [], []
+    length = len(consumer)  # known from the start: the producer has the DataLoader itself
     for _ in range(epochs):
         ids = []
         for batch in consumer:
@@ -74,7 +76,7 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
     stats = consumer.stats()
     consumer.close()
     return {"epochs": got, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-            "stats": stats}
+            "stats": stats, "len": length}
 
 
 @ray.remote(num_cpus=0)

@@ -200,10 +200,13 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
         eventually(lambda: ray.get(progress.count.remote(a)) >= 3, "the first trial to start", 120)
         late = trial.options(scheduling_strategy=on(a)).remote(
             "door", SAMPLES, 4, 7, 1, workers=2)
-        eventually(lambda: len(bcr.producers("door")[0]["stats"]["consumers"]) == 2,
-                   "the late trial to join", 120)
+        ranks = [trial.options(scheduling_strategy=on(a)).remote(
+            "door", SAMPLES, 4, 6, 1, workers=2,
+            consumer_options={"group": "g", "rank": r, "world_size": 2}) for r in range(2)]
+        eventually(lambda: len(bcr.producers("door")[0]["stats"]["consumers"]) == 4,
+                   "the late trial and a group of two to join", 120)
         progress.open.remote()
-        whole, joined = ray.get([first, late], timeout=240)
+        whole, joined, *group = ray.get([first, late, *ranks], timeout=240)
         (info,) = bcr.producers("door")
     at = joined["stats"]["first_position"]
     assert 0 < at < SAMPLES, f"the late trial started at position {at}"
@@ -211,6 +214,10 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
     assert all(sorted(e) == list(range(SAMPLES)) for e in whole["epochs"])
     start = joined["stats"]["epoch"] * SAMPLES + at  # (the first trial's 3 epochs cover it)
     assert joined["epochs"] == [stream[start:start + SAMPLES]]  # an epoch of its own, in order
+    assert joined["len"] == -(-SAMPLES // 7) and whole["len"] == -(-SAMPLES // 16)
+    # A data-parallel trial through the same door: its ranks split its own epoch.
+    assert all(g["stats"]["first_position"] > 0 for g in group)
+    assert sorted(group[0]["epochs"][0] + group[1]["epochs"][0]) == list(range(SAMPLES))
     assert info["stats"]["batches_in_place"] > 0, info["stats"]
 
 

@@ -217,16 +217,17 @@ class Producer:
         # Consumers may join mid-epoch (late_join="now") when the producer
         # can keep the loader's order in blocks (see _order).
         why_not = steering(loader)
+        fix = ("pass the DataLoader itself (over a map-style dataset, with shuffle=True or False, "
+               "or a SubsetRandomSampler), not a wrapper of it")
         if why_not is None and samples_per_epoch != own_samples:
             why_not = (f"samples_per_epoch={samples_per_epoch} was given, but its DataLoader's "
                        f"epochs have {own_samples} samples")
+            fix = "leave samples_per_epoch unset (the DataLoader says it)"
         self.joins_any_time = why_not is None and own_samples > 0
         if not self.joins_any_time:
             _say_lost(name, "joining mid-epoch",
                       "consumers that join mid-epoch start at the next epoch", loader,
-                      why_not or "its loader cannot say how many samples an epoch has",
-                      "pass the DataLoader itself (over a map-style dataset, with shuffle=True or "
-                      "False, or a SubsetRandomSampler), not a wrapper of it")
+                      why_not or "its loader cannot say how many samples an epoch has", fix)
         # A DataLoader's workers write its batches into the ring themselves
         # (a GPU ring: into its pinned host mirror, copied from there to the
         # GPU): each batch it hands a worker gets a slot, so the ring holds

@@ -1,7 +1,8 @@
 """A late joiner through each door: how long a trainer that connects halfway
 through an epoch waits for its first batch, where its epochs begin, and
 whether the loader's workers wrote batches in place — `bc.Producer(loader)`
-in a process against `batchcast serve` (and the TensorSocket shim).
+in a process against `batchcast serve` (`--doors ... tensorsocket` adds the
+TensorSocket shim, which serves until its trainers are gone).
 
     python benchmarks/doors.py [--repeats 3] [--epoch-seconds 5]
 
@@ -90,7 +91,7 @@ def status(name: str) -> dict:
 
 
 def once(door: str, tmp: Path, per_sample: float, epoch_seconds: float) -> dict:
-    name = "doors-tensorsocket-7000" if door == "tensorsocket" else f"doors-{door}"
+    name = "tensorsocket-7000" if door == "tensorsocket" else f"doors-{door}"
     if door == "serve":
         producer = subprocess.Popen(
             [sys.executable, "-m", "batchcast", "serve", f"{tmp / 'doorloaders.py'}:slow",
@@ -104,7 +105,10 @@ def once(door: str, tmp: Path, per_sample: float, epoch_seconds: float) -> dict:
     try:
         first = subprocess.Popen([sys.executable, str(tmp / "train.py"), name, "whole"],
                                  stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
         while status(name).get("batches_published", 0) == 0:  # the epoch has begun
+            if time.monotonic() > deadline or producer.poll() is not None:
+                raise RuntimeError(f"{door}: the producer did not begin serving")
             time.sleep(0.05)
         began = time.monotonic()
         time.sleep(epoch_seconds / 2)  # half an epoch on
@@ -128,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epoch-seconds", type=float, default=5.0)
-    parser.add_argument("--doors", nargs="+", default=["bc.Producer", "serve", "tensorsocket"])
+    parser.add_argument("--doors", nargs="+", default=["bc.Producer", "serve"])
     parser.add_argument("--out", type=Path, default=HERE / "results" / "doors")
     args = parser.parse_args()
     per_sample = args.epoch_seconds * 2 / SAMPLES  # two workers

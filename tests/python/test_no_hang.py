@@ -19,7 +19,6 @@ import time
 import warnings
 from typing import Any
 
-import pytest
 import torch
 
 import batchcast as bc

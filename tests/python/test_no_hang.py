@@ -19,9 +19,8 @@ import time
 import warnings
 from typing import Any
 
-import torch
-
 import batchcast as bc
+import torch
 
 SEEDS = int(os.environ.get("BATCHCAST_HANG_SEEDS", "42"))
 SAMPLES, FIRST, EPOCHS = 400, 8, 2

@@ -135,6 +135,17 @@ def _say_lost(name: str, capability: str, instead: str, loader: Any, why: str, f
                      instead, why, fix)
 
 
+def _plan_of(producer: "weakref.ref[Producer]") -> Callable[[list[int]], list[int]]:
+    """The producer's join plan's order of an epoch (its core's order_epoch)."""
+    def plan(fresh: list[int]) -> list[int]:
+        alive = producer()
+        core = None if alive is None else alive._core
+        if core is None:
+            raise RuntimeError("this DataLoader's batch sampler belongs to a batchcast producer that is closed")
+        return core.order_epoch(fresh)
+    return plan
+
+
 def _batches_per_epoch(loader: Any) -> int:
     """Batches the loader yields per epoch (its len()), or -1 when it has none."""
     try:
@@ -259,7 +270,9 @@ class Producer:
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._order: BlockOrder | None = None
         if self.joins_any_time:
-            self._order = BlockOrder(getattr(loader, "batch_sampler"), own_samples)
+            # (through a weak reference: the loader holds the order, and must
+            # not keep the producer alive)
+            self._order = BlockOrder(getattr(loader, "batch_sampler"), _plan_of(weakref.ref(self)))
             # DataLoader refuses to set batch_sampler after construction; the
             # wrapper keeps its length and attributes (restored by close()).
             object.__setattr__(loader, "batch_sampler", self._order)
@@ -303,9 +316,7 @@ class Producer:
         batchcast.compat.tensorsocket can hand the loop to its caller)."""
         core.wait_for_consumers(1)
         self.epochs_begun = epoch + 1
-        joined_at = core.begin_epoch(epoch)
-        if self._order is not None:
-            self._order.keep(joined_at)
+        core.begin_epoch(epoch)
         iterator = iter(self.loader)
         leaser = self._leaser
         batches = 0

@@ -1,6 +1,8 @@
-"""The producer's order (batchcast._order): consumers that join mid-epoch get
-every sample exactly once per epoch of their own, over any schedule of joins
-and leaves, and with nobody joined mid-epoch the order is the loader's own."""
+"""The producer's order (batchcast._order over the core's join plan): consumers
+that join mid-epoch get every sample exactly once per epoch of their own, over
+any schedule of joins and leaves, with torch's own samplers, and with nobody
+joined mid-epoch the order is the loader's own. (The plan's own model test,
+with groups, resumes and a last epoch, is tests/cpp/test_join_plan.cpp.)"""
 
 from __future__ import annotations
 
@@ -9,9 +11,17 @@ import random
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
 
-from batchcast._order import BlockOrder, keep_blocks, steering
+from batchcast import _C
+from batchcast._order import BlockOrder, steering
+
+
+def planned(sampler: BatchSampler, per_epoch: int) -> tuple[BlockOrder, _C._testing.JoinPlan]:
+    """The sampler as a producer serves it, and the join plan it asks."""
+    batches = -(-per_epoch // sampler.batch_size)
+    plan = _C._testing.JoinPlan(join_any_time=True, samples_per_epoch=per_epoch, batches_per_epoch=batches)
+    return BlockOrder(sampler, plan.order), plan
 
 
 def batch_sampler(n: int, batch: int, drop_last: bool, seed: int, num_samples: int | None = None
@@ -23,9 +33,9 @@ def batch_sampler(n: int, batch: int, drop_last: bool, seed: int, num_samples: i
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_nobody_joined_mid_epoch_is_the_loaders_own_order(drop_last: bool) -> None:
     plain = batch_sampler(103, 8, drop_last, seed=5)
-    order = BlockOrder(batch_sampler(103, 8, drop_last, seed=5), 96 if drop_last else 103)
-    for _ in range(4):
-        order.keep([])
+    order, plan = planned(batch_sampler(103, 8, drop_last, seed=5), 96 if drop_last else 103)
+    for epoch in range(4):
+        assert plan.steer(epoch) == []
         assert list(order) == list(plain)
     assert len(order) == len(plain)
 
@@ -33,8 +43,10 @@ def test_nobody_joined_mid_epoch_is_the_loaders_own_order(drop_last: bool) -> No
 class Trial:
     """A consumer in the simulation: joined after `offset` samples of an epoch."""
 
-    def __init__(self, offset: int) -> None:
+    def __init__(self, offset: int, plan: _C._testing.JoinPlan, number: int) -> None:
         self.offset = offset
+        self.number = number
+        plan.joined(number, offset)
         self.seen: list[int] = []
         self.left = False
 
@@ -46,13 +58,13 @@ def simulate(seed: int, n: int, batch: int, drop_last: bool, epochs: int) -> tup
     rnd = random.Random(seed)
     per_epoch = n // batch * batch if drop_last else n
     batches = -(-per_epoch // batch)
-    order = BlockOrder(batch_sampler(n, batch, drop_last, seed), per_epoch)
-    whole = Trial(0)  # a whole-stream consumer throughout
+    order, plan = planned(batch_sampler(n, batch, drop_last, seed), per_epoch)
+    whole = Trial(0, plan, 0)  # a whole-stream consumer throughout
     trials: list[Trial] = [whole]
     everyone = list(trials)
     epoch_sets: list[collections.Counter[int]] = []
-    for _ in range(epochs):
-        order.keep([t.offset for t in trials if not t.left and t.offset > 0])
+    for epoch in range(epochs):
+        assert plan.steer(epoch) == sorted({t.offset for t in trials if not t.left and t.offset > 0})
         served = 0
         this_epoch: list[int] = []
         joins = {k for k in range(1, batches) if rnd.random() < 0.25}
@@ -60,12 +72,13 @@ def simulate(seed: int, n: int, batch: int, drop_last: bool, epochs: int) -> tup
             joins.add(rnd.randrange(1, batches))  # at least one joins mid-epoch
         for k, indices in enumerate(order):
             if k in joins:  # someone joins before batch k
-                t = Trial(served)
+                t = Trial(served, plan, len(everyone))
                 trials.append(t)
                 everyone.append(t)
             for t in trials:
                 if t is not whole and not t.left and rnd.random() < 0.5 / batches:
                     t.left = True
+                    plan.left(t.number)
             for t in trials:
                 if not t.left:
                     t.seen.extend(indices)
@@ -95,36 +108,56 @@ def test_every_epoch_of_every_consumer_is_whole_over_random_joins_and_leaves(see
 
 
 def test_samples_stay_in_their_block_while_its_join_position_lasts() -> None:
-    order = BlockOrder(batch_sampler(64, 8, False, seed=1), 64)
-    order.keep([])
+    order, plan = planned(batch_sampler(64, 8, False, seed=1), 64)
+    plan.steer(0)
     first = [i for b in order for i in b]
-    order.keep([24])
+    plan.joined(1, 24)
+    plan.steer(1)
     second = [i for b in order for i in b]
     assert set(second[:24]) == set(first[:24]) and second[:24] != first[:24]  # same set, new order
-    order.keep([])  # the consumer left: one block again, the loader's fresh order
+    plan.left(1)  # the consumer left: one block again, the loader's fresh order
+    plan.steer(2)
     third = [i for b in order for i in b]
     assert set(third[:24]) != set(second[:24])
 
 
 def test_repeated_samples_keep_their_blocks_too() -> None:
     # RandomSampler(num_samples > n) without replacement: whole permutations, concatenated
-    order = BlockOrder(batch_sampler(10, 4, False, seed=2, num_samples=30), 30)
-    order.keep([])
+    order, plan = planned(batch_sampler(10, 4, False, seed=2, num_samples=30), 30)
+    plan.steer(0)
     first = [i for b in order for i in b]
-    order.keep([8, 16])
+    plan.joined(1, 8)
+    plan.joined(2, 16)
+    plan.steer(1)
     second = [i for b in order for i in b]
     for lo, hi in ((0, 8), (8, 16), (16, 30)):
         assert collections.Counter(second[lo:hi]) == collections.Counter(first[lo:hi])
 
 
 def test_a_sampler_that_changes_its_samples_is_an_error_for_consumers_joined_mid_epoch() -> None:
-    with pytest.raises(ValueError, match="not the last epoch's"):
-        keep_blocks([0, 1, 2, 3], [0, 1, 2, 5], [2])
-    with pytest.raises(ValueError, match="this epoch has 3 samples, the last had 4"):
-        keep_blocks([0, 1, 2, 3], [0, 1, 2], [2])
-    with pytest.raises(ValueError, match="was not in the last"):
-        keep_blocks(["a", "b", "b"], ["a", "b", "c"], [1])
-    assert keep_blocks([3, 1, 2, 0], [0, 1, 2, 3], []) == [0, 1, 2, 3]  # nobody to keep it for
+    indices = [0, 1, 2, 3]
+    order, plan = planned(BatchSampler(SubsetRandomSampler(indices), 2, False), 4)
+    plan.steer(0)
+    list(order)
+    plan.joined(1, 2)
+    plan.steer(1)
+    indices[3] = 5  # the dataset changed under the sampler
+    with pytest.raises(ValueError, match="changed what an epoch holds .*Keep the dataset and the sampler"):
+        list(order)
+    plan.left(1)  # nobody to keep it for: any order goes
+    plan.steer(2)
+    assert sorted(i for b in order for i in b) == [0, 1, 2, 5]
+
+
+def test_samples_that_are_not_integers_keep_their_blocks_too() -> None:
+    keys = [f"clip-{k}" for k in range(12)]
+    order, plan = planned(BatchSampler(SubsetRandomSampler(keys), 3, False), 12)
+    plan.steer(0)
+    first = [k for b in order for k in b]
+    plan.joined(1, 6)
+    plan.steer(1)
+    second = [k for b in order for k in b]
+    assert sorted(second) == sorted(keys) and set(second[:6]) == set(first[:6])
 
 
 def test_what_the_producer_can_steer() -> None:

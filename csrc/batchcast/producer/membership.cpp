@@ -8,7 +8,10 @@
 namespace batchcast {
 
 Membership::Membership(MembershipOptions options, SlotLedger& slots)
-    : options_(std::move(options)), slots_(slots) {}
+    : options_(std::move(options)),
+      slots_(slots),
+      plan_(JoinPlanOptions{options_.join_any_time, options_.samples_per_epoch, options_.batches_per_epoch,
+                            options_.epochs}) {}
 
 std::string Membership::who(const Member& m) const {
   return "consumer pid " + std::to_string(m.pid) + " of producer '" + options_.name + "'";
@@ -84,8 +87,8 @@ std::vector<ConsumerInfo> Membership::consumers() const {
     info.id = m.id;
     info.pid = m.pid;
     info.batch_size = m.batch_size;
-    info.first_epoch = m.waiting_for_group ? -1 : m.first_epoch;
-    info.first_position = m.offset;
+    info.first_epoch = m.waiting_for_group ? -1 : m.frame.first_epoch;
+    info.first_position = m.frame.offset;
     info.batches_sent = m.batches_sent;
     info.stall_seconds = m.stall_seconds;
     info.holding_up = !holding_up_.empty() && holding_up_ == peer;
@@ -122,7 +125,7 @@ void Membership::send(Actions& out, const std::string& peer, std::shared_ptr<con
 void Membership::broadcast(Actions& out, const protocol::Message& message, int64_t epoch) {
   auto bytes = std::make_shared<const std::string>(protocol::encode(message));
   for (const auto& [peer, m] : members_) {
-    if (m.leaving || (epoch >= 0 && m.first_epoch > epoch)) continue;
+    if (m.leaving || (epoch >= 0 && m.frame.first_epoch > epoch)) continue;
     send(out, peer, bytes);
   }
 }
@@ -178,7 +181,7 @@ Actions Membership::on_message(const std::string& peer, const void* data, std::s
             if (!known) return;
             Member& m = member->second;
             if (!m.leaving) {
-              m.leaving = true;
+              stop(m, out);
               counters_.leaves += 1;
               out.members_changed = true;
               report(out, Report::Level::Info, who(m) + " left");
@@ -248,10 +251,11 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   Start start;
   if (group != 0) {  // its first epoch comes with GroupReady, once every rank is here
     m.waiting_for_group = true;
-    m.first_epoch = std::numeric_limits<int64_t>::max();
+    m.frame.first_epoch = std::numeric_limits<int64_t>::max();
   } else {
     start = start_for(hello, hello.flags, out);
-    start_framed(m, start);
+    m.frame = start.frame;
+    plan_.joined(m.id, m.frame);
   }
   auto& member = members_.emplace(peer, m).first->second;
   counters_.joins += 1;
@@ -260,8 +264,8 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
          who(member) +
              (group != 0 ? " joined as rank " + std::to_string(hello.rank) + " of consumer group '" +
                                hello.group + "' (" + std::to_string(hello.world_size) + " ranks)"
-                         : " joined (first epoch " + std::to_string(member.first_epoch) +
-                               (member.offset > 0 ? ", from its sample " + std::to_string(member.offset) +
+                         : " joined (first epoch " + std::to_string(member.frame.first_epoch) +
+                               (member.frame.offset > 0 ? ", from its sample " + std::to_string(member.frame.offset) +
                                                         ": its epochs begin there"
                                                   : std::string()) +
                                ")"));
@@ -270,19 +274,19 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.producer_pid = options_.producer_pid;
   w.ring = options_.ring;
   w.consumer_id = member.id;
-  w.first_epoch = group != 0 ? -1 : member.first_epoch;
-  w.samples_per_epoch = options_.samples_per_epoch;
-  w.batches_per_epoch = options_.batches_per_epoch;
+  w.first_epoch = group != 0 ? -1 : member.frame.first_epoch;
+  w.samples_per_epoch = plan_.samples_per_epoch();
+  w.batches_per_epoch = plan_.batches_per_epoch();
   w.slots = options_.slots;
   w.pin_budget = pin_budget();
   w.resume = start.resume;
   w.resume_position = start.position;
   w.loader = options_.loader;
   constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
-  w.producer_epoch = delivered_epoch_;
+  w.producer_epoch = plan_.epoch_in_progress();
   w.consumers_wanted = static_cast<int32_t>(std::min(awaiting_, kMost));
   w.consumers_present = static_cast<int32_t>(std::min(active(), kMost));
-  w.first_position = start.offset;
+  w.first_position = start.frame.offset;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
   out.sends.back().consumer_id = member.id;
@@ -337,11 +341,12 @@ void Membership::start_group(uint64_t id, Actions& out) {
   for (const auto& [rank, peer] : g.ranks) flags &= members_.at(peer).hello.flags;
   const Start start = start_for(members_.at(g.ranks.at(0)).hello, flags, out);
   auto ready = std::make_shared<const std::string>(protocol::encode(
-      protocol::GroupReady{start.first_epoch, start.resume, start.position, start.offset}));
+      protocol::GroupReady{start.frame.first_epoch, start.resume, start.position, start.frame.offset}));
   for (const auto& [rank, peer] : g.ranks) {
     Member& m = members_.at(peer);
     m.waiting_for_group = false;
-    start_framed(m, start);
+    m.frame = start.frame;
+    plan_.joined(m.id, m.frame);
     send(out, peer, ready);
     begin(peer, m, start, out);
   }
@@ -349,8 +354,8 @@ void Membership::start_group(uint64_t id, Actions& out) {
   report(out, Report::Level::Info,
          "consumer group '" + g.name + "' of producer '" + options_.name + "': all " +
              std::to_string(g.world_size) + " ranks are present; it starts at epoch " +
-             std::to_string(start.first_epoch) +
-             (start.offset > 0 ? " from its sample " + std::to_string(start.offset) : std::string()));
+             std::to_string(start.frame.first_epoch) +
+             (start.frame.offset > 0 ? " from its sample " + std::to_string(start.frame.offset) : std::string()));
 }
 
 // The held batches of epoch e from the one holding sample `pos` on, if every
@@ -374,11 +379,13 @@ bool Membership::held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) 
 
 // Where a newcomer starts: the next epoch; with catch-up, the current one from
 // its start while all of it is retained; joining now, with the next batch
-// (join_now); resuming, epoch e at position s while every batch of it from
-// the one holding s is still held, else positions from s of the next pass.
+// (the join plan's frame); resuming, epoch e at position s while every batch
+// of it from the one holding s is still held, else positions from s of the
+// next pass.
 Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t flags, Actions& out) {
   Start s;
-  s.first_epoch = next_joinable_epoch_;
+  s.frame = plan_.next_epoch_frame();
+  const int64_t epoch = plan_.epoch_in_progress();
   if (hello.resume_epoch >= 0 && hello.resume_offset > 0) {
     resume_framed(s, hello, out);
     return s;
@@ -391,40 +398,46 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t f
       pos = 0;
     }
     bool exact = false;
-    if (e == delivered_epoch_ && pos >= delivered_samples_in_epoch_) {
+    if (e == epoch && pos >= plan_.samples_in_epoch()) {
       exact = true;  // nothing at or after pos was served yet
-    } else if (e == delivered_epoch_) {
-      exact = held_from(e, pos, delivered_in_epoch_, s);
-    } else if (e == next_joinable_epoch_ && e != delivered_epoch_) {
+    } else if (e == epoch) {
+      exact = held_from(e, pos, plan_.batches_in_epoch(), s);
+    } else if (e == plan_.next_epoch() && e != epoch) {
       exact = true;  // that epoch has not begun: it is served from its start
-    } else if (last_end_ && e == last_end_->epoch && delivered_epoch_ < 0) {
+    } else if (last_end_ && e == last_end_->epoch && epoch < 0) {
       // The epoch that ended last, the next not begun: its rest, still held, and its end.
       exact = held_from(e, pos, last_end_->batches, s);
       if (exact) s.end = *last_end_;
     }
     s.position = pos;
-    if (!exact) e = hello.resume_epoch;
     if (exact) {
-      s.first_epoch = e;
+      s.frame.first_epoch = e;
       s.resume = protocol::Resume::Exact;
       counters_.resumed += 1;
     } else {
-      resumed_next_pass(s, hello, e, pos, out);
+      resumed_next_pass(s, hello, hello.resume_epoch, pos, out);
     }
     return s;
   }
-  const bool catching = (flags & protocol::Hello::kCatchUp) != 0 && delivered_epoch_ >= 0;
-  if (catching && static_cast<int64_t>(retained_.size()) == delivered_in_epoch_) {
-    s.first_epoch = delivered_epoch_;
+  const bool catching = (flags & protocol::Hello::kCatchUp) != 0 && epoch >= 0;
+  if (catching && static_cast<int64_t>(retained_.size()) == plan_.batches_in_epoch()) {
+    s.frame.first_epoch = epoch;
     for (uint64_t seq : retained_) s.batches.push_back(slots_.held().at(seq).batch);
   } else if (catching) {
     report(out, Report::Level::Notice,
-           "consumer pid " + std::to_string(hello.pid) + " joined epoch " + std::to_string(delivered_epoch_) +
+           "consumer pid " + std::to_string(hello.pid) + " joined epoch " + std::to_string(epoch) +
                " of producer '" + options_.name + "' after its first " +
                std::to_string(options_.catch_up_window) + " batches (catch_up_window); it starts at epoch " +
-               std::to_string(s.first_epoch));
+               std::to_string(s.frame.first_epoch));
   } else if ((flags & protocol::Hello::kJoinNow) != 0) {
-    join_now(s, hello, out);
+    std::string why_not;
+    if (auto now = plan_.join_now(why_not)) s.frame = *now;
+    if (!why_not.empty() && !told_cannot_join_now_) {
+      told_cannot_join_now_ = true;
+      report(out, Report::Level::Info,
+             "producer '" + options_.name + "' cannot start consumers mid-epoch (" + why_not + "); consumer pid " +
+                 std::to_string(hello.pid) + " and any other joining mid-epoch start at the next epoch");
+    }
   }
   return s;
 }
@@ -438,132 +451,79 @@ void Membership::resumed_next_pass(Start& s, const protocol::Hello& hello, int64
          "consumer pid " + std::to_string(hello.pid) + " of producer '" + options_.name + "' resumes epoch " +
              std::to_string(e) + " at sample " + std::to_string(pos) +
              ", which the producer no longer holds; it gets positions from " + std::to_string(pos) +
-             " of epoch " + std::to_string(s.first_epoch) + " instead");
+             " of epoch " + std::to_string(s.frame.first_epoch) + " instead");
 }
 
-// Mid-epoch, joining now: it starts with the next batch, its epochs begin
-// where it joined. Between epochs it starts at the next, whole, as anyone.
-void Membership::join_now(Start& s, const protocol::Hello& hello, Actions& out) {
-  const int64_t at = delivered_samples_in_epoch_;
-  if (delivered_epoch_ < 0 || at <= 0) return;
-  if (options_.samples_per_epoch >= 0 && at >= options_.samples_per_epoch) return;  // it ended: the next
-  if (!options_.join_any_time || options_.samples_per_epoch <= 0 || options_.batches_per_epoch <= 0) {
-    if (!told_cannot_join_now_) {
-      told_cannot_join_now_ = true;
-      report(out, Report::Level::Info,
-             "producer '" + options_.name + "' cannot start consumers mid-epoch (its loader's order is "
-             "not its to keep: an IterableDataset, a loader other than a DataLoader, or a sampler it "
-             "cannot steer); consumer pid " + std::to_string(hello.pid) + " and any other joining "
-             "mid-epoch start at the next epoch");
-    }
-    return;
-  }
-  // With a last epoch, one of its own must fit before it ends: else the next
-  // (there is none: it hears that the producer served its epochs).
-  if (options_.epochs >= 0 && delivered_epoch_ + 1 >= options_.epochs) return;
-  s.first_epoch = delivered_epoch_;
-  s.offset = at;
-  s.offset_index = delivered_in_epoch_;
-}
-
-// Resuming an epoch of its own that began at sample q > 0 of the producer's
-// epoch of its number: exact while every batch from its position on is still
-// held or not served yet, and the producer's epoch holding that position
-// keeps the samples before q the set they were (q is one of the positions it
-// was steered by, or it has not begun: the resumed consumer's q will be).
+// Resuming an epoch of its own that began mid-epoch: exact where the join
+// plan says its order can be kept and every batch from its position on is
+// still held or not served yet.
 void Membership::resume_framed(Start& s, const protocol::Hello& hello, Actions& out) {
-  const int64_t whole = options_.samples_per_epoch;
-  const int64_t q = hello.resume_offset;
-  int64_t e = hello.resume_epoch;
-  int64_t own = hello.resume_position;
-  if (whole > 0 && own >= whole) {
-    e += 1;  // saved after its epoch's last sample: the next one
-    own = 0;
-  }
-  int64_t at_epoch = e;  // where that is in the producer's epochs
-  int64_t at = q + own;
-  if (whole > 0 && at >= whole) {
-    at_epoch += 1;
-    at -= whole;
-  }
-  bool exact = options_.join_any_time && whole > 0 && loader_batch_samples_ > 0 && q < whole &&
-               q % loader_batch_samples_ == 0 && options_.batches_per_epoch > 0;
-  const bool order_kept = at_epoch == e || steered_epoch_ < at_epoch ||
-                          (steered_epoch_ == at_epoch && std::binary_search(steered_.begin(), steered_.end(), q));
-  exact = exact && order_kept;
+  const ResumePoint r = plan_.resume(hello.resume_epoch, hello.resume_position, hello.resume_offset);
+  bool exact = r.possible;
   if (exact) {
-    if (at_epoch == delivered_epoch_) {
-      exact = at >= delivered_samples_in_epoch_ || held_from(at_epoch, at, delivered_in_epoch_, s);
-    } else if (at_epoch == next_joinable_epoch_) {
+    const int64_t epoch = plan_.epoch_in_progress();
+    if (r.at_epoch == epoch) {
+      exact = r.at_position >= plan_.samples_in_epoch() ||
+              held_from(r.at_epoch, r.at_position, plan_.batches_in_epoch(), s);
+    } else if (r.at_epoch == plan_.next_epoch()) {
       exact = true;  // not begun: served from its start
-    } else if (last_end_ && at_epoch == last_end_->epoch && delivered_epoch_ < 0) {
-      exact = held_from(at_epoch, at, last_end_->batches, s);
+    } else if (last_end_ && r.at_epoch == last_end_->epoch && epoch < 0) {
+      exact = held_from(r.at_epoch, r.at_position, last_end_->batches, s);
     } else {
       exact = false;
     }
   }
   if (exact) {
-    s.first_epoch = e;
+    s.frame = r.frame;
     s.resume = protocol::Resume::Exact;
-    s.position = own;
-    s.offset = q;
-    s.offset_index = q / loader_batch_samples_;
+    s.position = r.position;
     counters_.resumed += 1;
     return;
   }
   s.batches.clear();
-  s.first_epoch = next_joinable_epoch_;  // its epochs begin where the producer's do from now on
+  s.frame = plan_.next_epoch_frame();  // its epochs begin where the producer's do from now on
   resumed_next_pass(s, hello, hello.resume_epoch, hello.resume_position, out);
 }
 
-void Membership::start_framed(Member& m, const Start& start) {
-  m.first_epoch = start.first_epoch;
-  m.offset = start.offset;
-  m.offset_index = start.offset_index;
-  // Its epoch e ends in the producer's e + 1: the last one that does is its last.
-  if (m.offset > 0 && options_.epochs >= 0) m.last_epoch = options_.epochs - 2;
-}
-
-// The own epoch in progress of a member (or its next, between them).
-int64_t Membership::own_epoch(const Member& m) const {
-  if (delivered_epoch_ < 0) return m.offset > 0 ? next_joinable_epoch_ - 1 : next_joinable_epoch_;
-  return delivered_samples_in_epoch_ < m.offset ? delivered_epoch_ - 1 : delivered_epoch_;
-}
-
+// A batch to one member, framed in its epochs (as the join plan says), and
+// its own epoch's end after it; false if it is not one of its epochs'.
 bool Membership::hand(Actions& out, const std::string& peer, Member& m,
                       const std::shared_ptr<const protocol::Announcement>& batch,
                       std::map<int64_t, std::shared_ptr<const std::string>>& encoded) {
   const protocol::Announcement& a = *batch;
-  const bool before = a.position < m.offset;  // the end of an epoch of its own
-  const int64_t epoch = before ? a.epoch - 1 : a.epoch;
-  if (epoch < m.first_epoch || epoch > m.last_epoch) return false;
-  auto& bytes = encoded[m.offset];
+  const Framed f = plan_.frame(m.frame, a.epoch, a.index, a.position, a.samples);
+  if (!f.in_epochs) return false;
+  if (!f.broken.empty()) {  // it alone cannot go on
+    send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::LoaderFailed{f.epoch, f.broken})));
+    report(out, Report::Level::Notice, who(m) + ": " + f.broken);
+    stop(m, out);
+    return false;
+  }
+  auto& bytes = encoded[m.frame.offset];
   if (!bytes) {
     protocol::Announcement framed = a;
-    if (m.offset > 0) {
-      framed.epoch = epoch;
-      framed.position = before ? a.position + options_.samples_per_epoch - m.offset : a.position - m.offset;
-      framed.index = before ? a.index + options_.batches_per_epoch - m.offset_index : a.index - m.offset_index;
-    }
+    framed.epoch = f.epoch;
+    framed.position = f.position;
+    framed.index = f.index;
     bytes = encode_batch(std::move(framed));
   }
   m.batches_sent += 1;
   m.sent_upto = std::max(m.sent_upto, a.seq);
   send(out, peer, bytes);
-  if (!before || a.position + a.samples < m.offset) return true;
-  if (a.position + a.samples > m.offset) {
-    throw std::logic_error("producer '" + options_.name + "': loader batch " + std::to_string(a.index) +
-                           " of epoch " + std::to_string(a.epoch) + " spans sample " + std::to_string(m.offset) +
-                           ", where a consumer's epochs begin (the loader's batches moved)");
-  }
+  if (!f.ends_epoch) return true;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(
-                      protocol::EpochEnd{epoch, options_.samples_per_epoch, options_.batches_per_epoch})));
-  if (epoch >= m.last_epoch) {  // its last whole epoch: nothing more comes to it
-    send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Finished{epoch + 1, false})));
-    m.leaving = true;
-    out.members_changed = true;
+                      protocol::EpochEnd{f.epoch, plan_.samples_per_epoch(), plan_.batches_per_epoch()})));
+  if (f.last) {  // its last whole epoch: nothing more comes to it
+    send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Finished{f.epoch + 1, false})));
+    stop(m, out);
   }
   return true;
+}
+
+void Membership::stop(Member& m, Actions& out) {
+  m.leaving = true;
+  plan_.left(m.id);
+  out.members_changed = true;
 }
 
 // The held batches a newcomer starts with (catch-up, resume): it holds them too.
@@ -591,7 +551,7 @@ void Membership::break_group(const std::string& peer, const std::string& what, A
     return;
   }
   // (every rank's epochs are the group's: the same own epoch for each)
-  const int64_t epoch = own_epoch(member->second);
+  const int64_t epoch = plan_.own_epoch(member->second.frame);
   const std::string reason =
       "rank " + std::to_string(hello.rank) + " (pid " + std::to_string(member->second.pid) +
       ") of consumer group '" + g->second.name + "' of batchcast producer '" + options_.name + "' " + what +
@@ -603,7 +563,7 @@ void Membership::break_group(const std::string& peer, const std::string& what, A
     auto m = members_.find(other);
     if (other == peer || m == members_.end() || m->second.leaving) continue;
     send(out, other, bytes);
-    m->second.leaving = true;
+    stop(m->second, out);
   }
   counters_.groups_broken += 1;
   out.members_changed = true;
@@ -631,6 +591,7 @@ void Membership::remove(const std::string& peer, Departure how, Actions& out) {
     report(out, Report::Level::Notice, who(m->second) + " exited without leaving; what it held is freed");
     break_group(peer, "exited without leaving", out);
   }
+  plan_.left(m->second.id);
   members_.erase(m);
   out.members_changed = true;
   slots_.release_all(peer);
@@ -650,32 +611,23 @@ Actions Membership::on_ring(const protocol::Ring& ring) {
 }
 
 Actions Membership::on_epoch_begin(int64_t epoch) {
-  // Newcomers may still join this epoch until its first batch.
-  next_joinable_epoch_ = std::max(next_joinable_epoch_, epoch);
+  plan_.on_epoch_begin(epoch);  // newcomers may still join this epoch until its first batch
   return {};
 }
 
 Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now) {
   Actions out;
-  next_joinable_epoch_ = std::max(next_joinable_epoch_, batch.epoch + 1);
-  if (batch.epoch != delivered_epoch_) {
-    end_retention();
-    delivered_epoch_ = batch.epoch;
-    delivered_in_epoch_ = 0;
-    delivered_samples_in_epoch_ = 0;
-  }
-  delivered_in_epoch_ += 1;
-  if (delivered_in_epoch_ > options_.catch_up_window) end_retention();
-  if (batch.index == 0) loader_batch_samples_ = batch.samples;
+  if (batch.epoch != plan_.epoch_in_progress()) end_retention();
+  const int64_t position = plan_.on_batch(batch.epoch, batch.index, batch.samples);
+  const int64_t epoch = batch.epoch;
+  const bool retained = plan_.batches_in_epoch() <= options_.catch_up_window;
+  if (!retained) end_retention();
   auto shared = std::make_shared<const protocol::Announcement>(std::move(batch));
-  const int64_t position = delivered_samples_in_epoch_;
-  delivered_samples_in_epoch_ += shared->samples;
-  const bool retained = delivered_in_epoch_ <= options_.catch_up_window;
   if (retained) retained_.push_back(shared->seq);
   std::set<std::string> holders;
   std::map<int64_t, std::shared_ptr<const std::string>> encoded;  // by where members' epochs begin
   for (auto& [peer, m] : members_) {
-    if (m.leaving || m.first_epoch > delivered_epoch_) continue;
+    if (m.leaving || m.frame.first_epoch > epoch) continue;
     if (hand(out, peer, m, shared, encoded)) holders.insert(peer);
   }
   slots_.deliver(shared->seq, std::move(holders), retained, now, shared, position);
@@ -686,28 +638,16 @@ Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   Actions out;
   end_retention();
   last_end_ = end;
-  delivered_epoch_ = -1;  // no epoch in progress: every newcomer gets the next
-  delivered_in_epoch_ = 0;
-  delivered_samples_in_epoch_ = 0;
-  next_joinable_epoch_ = std::max(next_joinable_epoch_, end.epoch + 1);
-  if (options_.samples_per_epoch < 0) options_.samples_per_epoch = end.samples;
-  if (options_.batches_per_epoch < 0) options_.batches_per_epoch = end.batches;
+  const std::string broken = plan_.on_epoch_end(end.epoch, end.samples, end.batches);
   auto bytes = std::make_shared<const std::string>(protocol::encode(end));
   for (auto& [peer, m] : members_) {
-    if (m.leaving || m.first_epoch > end.epoch) continue;
-    if (m.offset == 0) {
+    if (m.leaving || m.frame.first_epoch > end.epoch) continue;
+    if (m.frame.offset == 0) {
       send(out, peer, bytes);
-    } else if (end.samples != options_.samples_per_epoch) {
-      // Its epochs span the producer's: one of another length breaks them.
-      const std::string message =
-          "the producer's epoch " + std::to_string(end.epoch) + " had " + std::to_string(end.samples) +
-          " samples, not " + std::to_string(options_.samples_per_epoch) + " as every epoch before: a consumer "
-          "that joined mid-epoch cannot get every sample of its epochs exactly once (did the dataset's length "
-          "change?)";
+    } else if (!broken.empty()) {  // its epochs span the producer's: one of another length breaks them
       send(out, peer, std::make_shared<const std::string>(
-                          protocol::encode(protocol::LoaderFailed{own_epoch(m), message})));
-      m.leaving = true;
-      out.members_changed = true;
+                          protocol::encode(protocol::LoaderFailed{plan_.own_epoch(m.frame), broken})));
+      stop(m, out);
     }
   }
   return out;
@@ -734,16 +674,6 @@ void Membership::end_retention() {
   for (uint64_t seq : retained) {
     slots_.unretain(seq);
   }
-}
-
-std::vector<int64_t> Membership::steer_epoch(int64_t epoch) {
-  std::set<int64_t> at;
-  for (const auto& [peer, m] : members_) {
-    if (!m.leaving && m.offset > 0) at.insert(m.offset);
-  }
-  steered_.assign(at.begin(), at.end());
-  steered_epoch_ = epoch;
-  return steered_;
 }
 
 // ---- liveness and stragglers ------------------------------------------------
@@ -892,9 +822,8 @@ void Membership::evict(const std::string& peer, const std::string& reason, const
   const std::string told = "batchcast producer '" + options_.name + "' evicted this consumer (pid " +
                            std::to_string(m.pid) + "): " + reason;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(protocol::Evicted{told})));
-  m.leaving = true;
+  stop(m, out);
   counters_.evictions += 1;
-  out.members_changed = true;
   break_group(peer, "was evicted (" + why_for_group + ")", out);
   report(out, Report::Level::Notice, who(m) + " was evicted: " + logged);
 }

@@ -13,11 +13,9 @@
 //   retained (catch_up_window). Joining now (while the producer steers its
 //   loader's order, join_any_time), it gets the next batch: its epochs are
 //   its own, each from its join position p of one producer epoch to p of the
-//   next. What it is sent is framed so (epoch, index and position counted
-//   from p; its own EpochEnd at p), and the producer keeps the samples before
-//   every such p the same set from epoch to epoch (join_positions), so each
-//   of its epochs is the whole dataset. With a finite number of epochs, its
-//   last epoch is the last whole one: then it is told Finished.
+//   next. Where they lie and how a batch looks in them is the join plan's
+//   (join_plan.h); this sends what it says. With a finite number of epochs,
+//   its last epoch is the last whole one: then it is told Finished.
 // - Lockstep: a slot is free once every consumer it was announced to has
 //   released it (and the catch-up window no longer retains it).
 // - Leave: Bye means "send nothing more"; the slots the consumer still
@@ -59,6 +57,7 @@
 
 #include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
+#include "batchcast/producer/join_plan.h"
 #include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
 
@@ -199,14 +198,16 @@ class Membership {
   // keeps the samples before each the same set in its next epoch. Called as
   // an epoch begins (nothing of the last one still to deliver), which records
   // them as that epoch's (a resume into it is exact only at one of them).
-  std::vector<int64_t> steer_epoch(int64_t epoch);
+  std::vector<int64_t> steer_epoch(int64_t epoch) { return plan_.steer(epoch); }
+  // The producer's order of the epoch steered last (JoinPlan::order).
+  std::vector<int64_t> order_epoch(std::vector<int64_t> fresh) { return plan_.order(std::move(fresh)); }
 
  private:
   struct Member {
     uint64_t id = 0;
     int64_t pid = 0;
     int64_t batch_size = 0;
-    int64_t first_epoch = 0;
+    Frame frame;                 // where its epochs lie in the producer's
     double stall_seconds = 0;
     int64_t batches_sent = 0;
     uint64_t released_upto = 0;  // highest slot it released: held slots below it are kept
@@ -217,11 +218,6 @@ class Membership {
     protocol::Hello hello;       // as it joined (group, rank, resume)
     uint64_t group = 0;          // its group's id; 0: none
     bool waiting_for_group = false;
-    // Joined mid-epoch: its epochs begin at this position of the producer's
-    // (the batch of this index); its last whole epoch (then Finished).
-    int64_t offset = 0;
-    int64_t offset_index = 0;
-    int64_t last_epoch = std::numeric_limits<int64_t>::max();
   };
   // One generation of a named group: a restarted group is a new one, formed
   // beside the old until that one breaks.
@@ -234,13 +230,11 @@ class Membership {
   };
   // Where a newcomer (or a group, once complete) starts.
   struct Start {
-    int64_t first_epoch = 0;
+    Frame frame;
     protocol::Resume resume = protocol::Resume::None;
     int64_t position = 0;
     std::vector<std::shared_ptr<const protocol::Announcement>> batches;  // held ones to send
     std::optional<protocol::EpochEnd> end;  // resumed into an epoch that has ended: its end too
-    int64_t offset = 0;        // joined now: where its epochs begin (see Member)
-    int64_t offset_index = 0;
   };
   enum class Departure { Unmapped, Crashed };
 
@@ -248,16 +242,13 @@ class Membership {
   uint64_t admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out);
   void start_group(uint64_t id, Actions& out);
   Start start_for(const protocol::Hello& hello, uint32_t flags, Actions& out);
-  void join_now(Start& s, const protocol::Hello& hello, Actions& out);
   void resume_framed(Start& s, const protocol::Hello& hello, Actions& out);
   void resumed_next_pass(Start& s, const protocol::Hello& hello, int64_t e, int64_t pos, Actions& out);
   bool held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) const;
-  void start_framed(Member& m, const Start& start);
   // A batch to one member: framed in its epochs, its own epoch's end after it.
   bool hand(Actions& out, const std::string& peer, Member& m,
             const std::shared_ptr<const protocol::Announcement>& batch,
             std::map<int64_t, std::shared_ptr<const std::string>>& encoded);
-  int64_t own_epoch(const Member& m) const;  // the epoch of its own in progress (or next)
   void begin(const std::string& peer, Member& member, const Start& start, Actions& out);
   void break_group(const std::string& peer, const std::string& what, Actions& out);
   void refuse(Actions& out, const std::string& peer, std::string reason);
@@ -270,6 +261,8 @@ class Membership {
   void evict_straggler(const std::string& peer, double held_seconds, Actions& out);
   void check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now, Actions& out);
   // Tells the consumer `reason`, logs `logged`; its group breaks.
+  // It gets nothing more (its join position goes).
+  void stop(Member& m, Actions& out);
   void evict(const std::string& peer, const std::string& reason, const std::string& logged,
              const std::string& why_for_group, Actions& out);
   void end_retention();
@@ -279,18 +272,12 @@ class Membership {
   MembershipOptions options_;
   std::map<std::string, Member> members_;  // by ZeroMQ routing id
   SlotLedger& slots_;                       // who holds each delivered slot
+  JoinPlan plan_;                            // where each member's epochs begin; where the stream is
   std::vector<uint64_t> retained_;          // the current epoch's first batches (their slots)
-  int64_t delivered_epoch_ = -1;            // epoch in progress; -1 between epochs
-  int64_t delivered_in_epoch_ = 0;
-  int64_t delivered_samples_in_epoch_ = 0;
-  int64_t loader_batch_samples_ = 0;         // an epoch's first batch's: every batch's but the last
-  std::vector<int64_t> steered_;             // the join positions the epoch in progress was steered by
-  int64_t steered_epoch_ = -1;
   bool told_cannot_join_now_ = false;
   std::optional<protocol::EpochEnd> last_end_;  // of the last epoch that ended
   std::map<uint64_t, Group> groups_;        // forming or complete; a broken group leaves
   uint64_t next_group_ = 1;
-  int64_t next_joinable_epoch_ = 0;
   int64_t awaiting_ = 0;
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later

@@ -38,14 +38,10 @@ ProducerOptions checked(ProducerOptions options) {
   if (options.straggler_timeout && !(*options.straggler_timeout > 0)) {
     throw InvalidArgument("straggler_timeout must be None (wait for the slowest) or > 0 seconds");
   }
-  if (options.samples_per_epoch < -1 || options.batches_per_epoch < -1) {
-    throw InvalidArgument("samples_per_epoch and batches_per_epoch must be >= 0 (or -1: unknown)");
-  }
-  if (options.epochs < -1) throw InvalidArgument("epochs must be >= 0 (or -1: until stopped)");
-  if (options.join_any_time && (options.samples_per_epoch <= 0 || options.batches_per_epoch <= 0)) {
-    throw InvalidArgument("join_any_time needs samples_per_epoch and batches_per_epoch (a consumer's "
-                          "epochs are that many samples from where it joined)");
-  }
+  // Whether the epochs asked for can be served, and consumers started
+  // mid-epoch: the join plan's to say (it throws InvalidArgument).
+  JoinPlan(JoinPlanOptions{options.join_any_time, options.samples_per_epoch, options.batches_per_epoch,
+                           options.epochs});
   return options;
 }
 
@@ -331,6 +327,11 @@ std::vector<int64_t> Producer::begin_epoch(int64_t epoch) {
   stream_.push_back(EpochBegin{epoch});
   wakeup_.notify();
   return joined_at;
+}
+
+std::vector<int64_t> Producer::order_epoch(std::vector<int64_t> fresh) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return membership_.order_epoch(std::move(fresh));
 }
 
 Producer::Layout Producer::validate(const Batch& batch) const {

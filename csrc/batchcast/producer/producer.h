@@ -60,9 +60,8 @@ namespace batchcast {
   /* What the loader is (its type, length, batch size, seed when known): told to    */        \
   /* consumers, whose saved state says which loader it belongs to.                  */        \
   X(std::string, loader, "")                                                                  \
-  /* The caller keeps, from epoch to epoch, the samples before each position     */          \
-  /* begin_epoch returns the same set (it steers its loader's order): consumers  */          \
-  /* may join mid-epoch and start with the next batch.                           */          \
+  /* The caller orders each epoch as order_epoch says (it steers its loader's   */          \
+  /* order): consumers may join mid-epoch and start with the next batch.         */          \
   X(bool, join_any_time, false)                                                               \
   X(int64_t, epochs, -1)               /* epochs it will serve; -1: until stopped */
 
@@ -143,11 +142,14 @@ class Producer {
   // throws Stopped once stopped, and InvalidArgument once served (nothing
   // more can follow the stream's end).
   // begin_epoch returns where consumers present joined mid-epoch (sorted
-  // sample positions > 0): the epoch must keep the samples before each the
-  // set they were in the last (join_any_time). Everything published before
-  // has reached the consumers' queues by then, so nobody joins the last epoch
-  // after its return.
+  // sample positions > 0), the positions the epoch is ordered by (see
+  // order_epoch). Everything published before has reached the consumers'
+  // queues by then, so nobody joins the last epoch after its return.
   std::vector<int64_t> begin_epoch(int64_t epoch);
+  // With join_any_time, after begin_epoch: the epoch's order of samples
+  // (dataset indices), given the loader's fresh one (JoinPlan::order).
+  // Throws InvalidArgument when the sampler changed what an epoch holds.
+  std::vector<int64_t> order_epoch(std::vector<int64_t> fresh);
   // Copies the batch into the ring (waiting for space) and announces it;
   // returns the seconds spent waiting for space. Throws Stopped, and
   // InvalidArgument for a batch that cannot be shared. With `lease`, the

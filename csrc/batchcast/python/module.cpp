@@ -334,7 +334,12 @@ PYBIND11_MODULE(_C, m) {
              return released(b, [&](Producer& p) { return p.begin_epoch(epoch); });
            },
            "Begins epoch `epoch`; returns where the consumers present joined mid-epoch (sorted sample "
-           "positions): with join_any_time, the epoch keeps the samples before each the set they were")
+           "positions), which order_epoch keeps")
+      .def("order_epoch",
+           [](BoundProducer& b, std::vector<int64_t> fresh) {
+             return released(b, [&](Producer& p) { return p.order_epoch(std::move(fresh)); });
+           },
+           "The epoch's order of dataset indices, given the loader's fresh one (join_any_time)")
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
               std::optional<uint64_t> lease, bool in_place) {

@@ -1,6 +1,7 @@
 #include "batchcast/python/testing.h"
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/ops/from_blob.h>
 
@@ -14,6 +15,7 @@
 #include "batchcast/cuda/runtime.h"
 #include "batchcast/cuda/simulated_runtime.h"
 #include "batchcast/cuda/transport.h"
+#include "batchcast/producer/join_plan.h"
 
 namespace py = pybind11;
 
@@ -104,6 +106,20 @@ void bind_testing(py::module_& m) {
       })
       .def_property_readonly("checks", &CheckingStream::checks)
       .def_property_readonly("mismatches", &CheckingStream::mismatches);
+  // The producer's join plan alone, to test the order it gives a loader.
+  py::class_<JoinPlan>(sim, "JoinPlan")
+      .def(py::init([](bool join_any_time, int64_t samples, int64_t batches, int64_t epochs) {
+             return JoinPlan(JoinPlanOptions{join_any_time, samples, batches, epochs});
+           }),
+           py::arg("join_any_time"), py::arg("samples_per_epoch"), py::arg("batches_per_epoch"),
+           py::arg("epochs") = -1)
+      .def("joined", [](JoinPlan& p, uint64_t member, int64_t offset) {
+             p.joined(member, Frame{0, offset, 0});
+           },
+           py::arg("member"), py::arg("offset"), "A trainer present whose epochs begin at `offset`")
+      .def("left", &JoinPlan::left, py::arg("member"))
+      .def("steer", &JoinPlan::steer, py::arg("epoch"))
+      .def("order", &JoinPlan::order, py::arg("fresh"));
 }
 
 

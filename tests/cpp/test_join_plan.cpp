@@ -1,0 +1,357 @@
+// The join plan, in-process: seeded random joins (now, at an epoch's start,
+// as groups), leaves and resumes over epochs, with and without drop_last,
+// repeated samples and a last epoch, checked against a model of what every
+// trainer must see — each of its own epochs the whole epoch, each sample as
+// often as the loader has it, in positions without gaps — and the errors for
+// what cannot be served.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "batchcast/common/error.h"
+#include "batchcast/producer/join_plan.h"
+
+using namespace batchcast;
+
+namespace {
+
+std::vector<int64_t> sorted(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<int64_t> slice(const std::vector<int64_t>& v, int64_t lo, int64_t hi) {
+  return std::vector<int64_t>(v.begin() + lo, v.begin() + hi);
+}
+
+// One trainer (a group's ranks share it): what it has of its epoch in progress.
+struct Trainer {
+  std::vector<uint64_t> ids;
+  Frame frame;
+  bool active = true;
+  bool finished = false;      // was told its last epoch ended
+  int64_t own_epoch = 0;      // the epoch of its own it fills (it began in the producer's of that number)
+  std::vector<int64_t> own;   // its samples of that epoch, in order
+  int64_t next_index = 0;     // the index its next batch must have (-1: resumed, not followed)
+  int64_t whole = 0;          // whole epochs of its own it got
+};
+
+struct Scenario {
+  int64_t distinct, repeats, batch;
+  bool drop_last;
+  int64_t epochs;  // -1: until stopped (the model runs 6)
+};
+
+// Runs one seeded scenario; returns the whole epochs of their own that trainers
+// joined mid-epoch got (checked each).
+int64_t run(uint32_t seed, const Scenario& sc) {
+  std::mt19937 rng(seed);
+  auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  const int64_t n = sc.distinct * sc.repeats;
+  const int64_t spe = sc.drop_last ? n / sc.batch * sc.batch : n;
+  const int64_t bpe = (spe + sc.batch - 1) / sc.batch;
+  const int64_t epochs = sc.epochs < 0 ? 6 : sc.epochs;
+  JoinPlan plan(JoinPlanOptions{true, spe, bpe, sc.epochs});
+  std::vector<Trainer> trainers;
+  std::vector<Trainer> resumable;  // left mid-way through an epoch of their own begun mid-epoch
+  std::map<int64_t, std::vector<int64_t>> epoch_samples;  // producer epoch -> its first spe samples, sorted
+  uint64_t next_id = 1;
+  int64_t checked_mid = 0;
+  std::vector<int64_t> last;
+  const std::string where = "seed " + std::to_string(seed);
+
+  // A framed batch (or part of one) to a trainer: continues its epoch without gaps.
+  auto feed = [&](Trainer& t, const Framed& f, const std::vector<int64_t>& samples) {
+    ASSERT_TRUE(f.broken.empty()) << where << ": " << f.broken;
+    ASSERT_EQ(f.epoch, t.own_epoch) << where;
+    const int64_t have = static_cast<int64_t>(t.own.size());
+    const int64_t n_samples = static_cast<int64_t>(samples.size());
+    ASSERT_LE(f.position, have) << where << ": a gap in its epoch";
+    if (f.position + n_samples <= have) return;  // it had those already (resumed past them)
+    if (t.next_index >= 0) {
+      ASSERT_EQ(f.index, t.next_index) << where;
+      t.next_index += 1;
+    }
+    for (int64_t i = have - f.position; i < n_samples; ++i) t.own.push_back(samples[i]);
+    if (!f.ends_epoch) return;
+    ASSERT_EQ(static_cast<int64_t>(t.own.size()), spe) << where;
+    ASSERT_EQ(sorted(t.own), epoch_samples.at(t.own_epoch)) << where << ": epoch " << t.own_epoch << " of a trainer joined at "
+                                                          << t.frame.offset;
+    t.whole += 1;
+    checked_mid += 1;
+    t.own.clear();
+    t.own_epoch += 1;
+    t.next_index = 0;
+    if (f.last) {
+      t.finished = true;
+      t.active = false;
+      for (uint64_t id : t.ids) plan.left(id);
+    }
+  };
+
+  for (int64_t e = 0; e < epochs; ++e) {
+    std::vector<int64_t> present;
+    for (const Trainer& t : trainers) {
+      if (t.active && t.frame.offset > 0) present.push_back(t.frame.offset);
+    }
+    std::sort(present.begin(), present.end());
+    present.erase(std::unique(present.begin(), present.end()), present.end());
+    const std::vector<int64_t> steered = plan.steer(e);
+    EXPECT_EQ(steered, present) << where;
+
+    // The loader's fresh order: `repeats` permutations of the distinct samples.
+    std::vector<int64_t> fresh;
+    for (int64_t r = 0; r < sc.repeats; ++r) {
+      std::vector<int64_t> p(sc.distinct);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng);
+      fresh.insert(fresh.end(), p.begin(), p.end());
+    }
+    const std::vector<int64_t> order = plan.order(fresh);
+    EXPECT_EQ(sorted(order), sorted(fresh)) << where;
+    std::vector<int64_t> cuts;
+    for (int64_t p : steered) if (p < n) cuts.push_back(p);
+    if (cuts.empty()) {
+      EXPECT_EQ(order, fresh) << where << ": nobody joined mid-epoch: the loader's own order";
+    } else if (!last.empty()) {
+      cuts.push_back(spe);
+      cuts.push_back(n);
+      int64_t lo = 0;
+      for (int64_t hi : cuts) {  // each block the same samples as in the last epoch
+        if (hi <= lo) continue;
+        EXPECT_EQ(sorted(slice(order, lo, hi)), sorted(slice(last, lo, hi))) << where << " block " << lo << ".." << hi;
+        lo = hi;
+      }
+    }
+    last = order;
+    epoch_samples[e] = sorted(slice(order, 0, spe));
+    plan.on_epoch_begin(e);
+
+    std::vector<std::pair<int64_t, std::vector<int64_t>>> history;  // this epoch's batches (position, samples)
+    for (int64_t k = 0; k < bpe; ++k) {
+      const int64_t pos = k * sc.batch;
+      // ---- joins ----
+      if (chance(0.25)) {
+        std::string why;
+        std::optional<Frame> now = plan.join_now(why);
+        EXPECT_TRUE(why.empty()) << where;
+        const bool can = k > 0 && (sc.epochs < 0 || e + 1 < sc.epochs);
+        EXPECT_EQ(now.has_value(), can) << where << " epoch " << e << " batch " << k;
+        Trainer t;
+        if (now) {
+          EXPECT_EQ(now->first_epoch, e);
+          EXPECT_EQ(now->offset, pos);
+          EXPECT_EQ(now->offset_index, k);
+          EXPECT_EQ(now->last_epoch, sc.epochs < 0 ? std::numeric_limits<int64_t>::max() : sc.epochs - 2);
+          t.frame = *now;
+        } else {
+          t.frame = plan.next_epoch_frame();
+          EXPECT_EQ(t.frame.first_epoch, k == 0 ? e : e + 1) << where;
+          EXPECT_EQ(t.frame.offset, 0);
+        }
+        t.own_epoch = t.frame.first_epoch;
+        const int ranks = chance(0.3) ? 2 + static_cast<int>(rng() % 2) : 1;
+        for (int r = 0; r < ranks; ++r) t.ids.push_back(next_id++);
+        for (uint64_t id : t.ids) plan.joined(id, t.frame);
+        trainers.push_back(t);
+      }
+      // ---- leaves (a group's rank going ends the group) ----
+      for (Trainer& t : trainers) {
+        if (!t.active || !chance(0.3 / static_cast<double>(bpe))) continue;
+        t.active = false;
+        plan.left(t.ids[chance(0.5) ? 0 : t.ids.size() - 1]);
+        for (uint64_t id : t.ids) plan.left(id);
+        if (t.frame.offset > 0 && !t.own.empty()) resumable.push_back(t);
+      }
+      // ---- resumes from a saved position ----
+      if (!resumable.empty() && chance(0.3)) {
+        Trainer t = resumable.back();
+        resumable.pop_back();
+        const ResumePoint r = plan.resume(t.own_epoch, static_cast<int64_t>(t.own.size()), t.frame.offset);
+        EXPECT_EQ(r.position, static_cast<int64_t>(t.own.size())) << where;
+        const bool not_begun = r.at_epoch == e && k == 0;
+        const bool in_this = r.at_epoch == e && k > 0;
+        if (r.possible && (not_begun || in_this || r.at_epoch == e + 1)) {
+          EXPECT_EQ(r.frame.offset, t.frame.offset) << where;
+          EXPECT_EQ(r.frame.first_epoch, t.own_epoch) << where;
+          t.frame = r.frame;
+          t.active = true;
+          t.next_index = -1;
+          t.ids = {next_id++};
+          plan.joined(t.ids[0], t.frame);
+          // What the producer still holds of this epoch from its position on (all of it, here).
+          for (const auto& [p, samples] : history) {
+            if (p + static_cast<int64_t>(samples.size()) <= r.at_position || !in_this) continue;
+            const Framed f = plan.frame(t.frame, e, p / sc.batch, p, static_cast<int64_t>(samples.size()));
+            if (f.in_epochs) feed(t, f, samples);
+            if (::testing::Test::HasFatalFailure()) return checked_mid;
+          }
+          trainers.push_back(t);
+        }
+      }
+      // ---- the batch ----
+      const std::vector<int64_t> samples = slice(order, pos, std::min(pos + sc.batch, spe));
+      EXPECT_EQ(plan.on_batch(e, k, static_cast<int64_t>(samples.size())), pos) << where;
+      history.emplace_back(pos, samples);
+      for (Trainer& t : trainers) {
+        if (!t.active) continue;
+        const Framed f = plan.frame(t.frame, e, k, pos, static_cast<int64_t>(samples.size()));
+        const int64_t own = pos < t.frame.offset ? e - 1 : e;
+        EXPECT_EQ(f.in_epochs, own >= t.frame.first_epoch && own <= t.frame.last_epoch) << where;
+        if (!f.in_epochs) continue;
+        feed(t, f, samples);
+        if (::testing::Test::HasFatalFailure()) return checked_mid;
+        if (t.active) EXPECT_EQ(plan.own_epoch(t.frame), t.own_epoch) << where;
+      }
+    }
+    EXPECT_EQ(plan.on_epoch_end(e, spe, bpe), "") << where;
+    for (Trainer& t : trainers) {  // the producer's end is the end of whole-epoch trainers' epochs
+      if (!t.active || t.frame.offset != 0 || t.own_epoch != e) continue;
+      EXPECT_EQ(sorted(t.own), epoch_samples.at(e)) << where;
+      t.own.clear();
+      t.next_index = 0;
+      t.own_epoch += 1;
+      t.whole += 1;
+    }
+  }
+  if (sc.epochs >= 0) {  // a last epoch: every trainer joined mid-epoch that stayed was told it ended
+    for (const Trainer& t : trainers) {
+      if (t.frame.offset > 0 && t.active) ADD_FAILURE() << where << ": a trainer joined at " << t.frame.offset << " was not finished";
+      if (t.finished) EXPECT_EQ(t.own_epoch, sc.epochs - 1) << where;
+    }
+  }
+  return checked_mid;
+}
+
+}  // namespace
+
+TEST(JoinPlan, RandomJoinsLeavesGroupsAndResumesKeepEveryEpochOfEveryTrainerWhole) {
+  int64_t checked = 0;
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    std::mt19937 pick(seed * 7919u);
+    Scenario sc;
+    sc.distinct = 10 + static_cast<int64_t>(pick() % 120);
+    sc.repeats = pick() % 5 == 0 ? 2 : 1;  // RandomSampler(num_samples = 2n): samples repeat
+    sc.batch = 1 + static_cast<int64_t>(pick() % 9);
+    sc.drop_last = pick() % 2 == 0;
+    sc.epochs = pick() % 3 == 0 ? 2 + static_cast<int64_t>(pick() % 4) : -1;
+    if (sc.distinct * sc.repeats < sc.batch) sc.batch = 1;
+    checked += run(seed, sc);
+    if (HasFailure()) {
+      FAIL() << "seed " << seed << ": " << sc.distinct << "x" << sc.repeats << " samples, batch " << sc.batch
+             << (sc.drop_last ? ", drop_last" : "") << ", epochs " << sc.epochs;
+    }
+  }
+  EXPECT_GT(checked, 300);  // the model checked many epochs of trainers joined mid-epoch
+}
+
+TEST(JoinPlan, NobodyJoinedMidEpochIsTheLoadersOwnOrderAndBlocksMergeWhenTheyLeave) {
+  JoinPlan plan(JoinPlanOptions{true, 8, 2, -1});
+  std::vector<int64_t> a{3, 1, 4, 0, 5, 2, 7, 6};
+  plan.steer(0);
+  EXPECT_EQ(plan.order(a), a);
+  plan.joined(1, Frame{0, 4, 1});
+  EXPECT_EQ(plan.steer(1), std::vector<int64_t>{4});
+  std::vector<int64_t> b{0, 1, 2, 3, 4, 5, 6, 7};
+  // {3, 1, 4, 0} stay the first four, in b's order; then the rest in b's order.
+  EXPECT_EQ(plan.order(b), (std::vector<int64_t>{0, 1, 3, 4, 2, 5, 6, 7}));
+  plan.left(1);
+  EXPECT_EQ(plan.steer(2), std::vector<int64_t>{});
+  EXPECT_EQ(plan.order(a), a);
+}
+
+TEST(JoinPlan, ASamplerThatChangesWhatAnEpochHoldsIsAnErrorWhileTrainersJoinedMidEpoch) {
+  JoinPlan plan(JoinPlanOptions{true, 4, 2, -1});
+  plan.steer(0);
+  plan.order({0, 1, 2, 3});
+  plan.joined(1, Frame{0, 2, 1});
+  plan.steer(1);
+  try {
+    plan.order({0, 1, 2});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("this epoch has 3 samples, the last had 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Keep the dataset and the sampler"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(plan.order({0, 1, 2, 5}), InvalidArgument);
+  EXPECT_THROW(plan.order({0, 1, 2, 2}), InvalidArgument);
+  // Nobody to keep it for: any order goes.
+  plan.left(1);
+  plan.steer(2);
+  EXPECT_EQ(plan.order({9, 8}), (std::vector<int64_t>{9, 8}));
+}
+
+TEST(JoinPlan, AnEpochOfAnotherLengthBreaksTheEpochsOfTrainersJoinedMidEpoch) {
+  JoinPlan plan(JoinPlanOptions{true, 4, 2, -1});
+  plan.on_batch(0, 0, 2);
+  plan.on_batch(0, 1, 2);
+  EXPECT_EQ(plan.on_epoch_end(0, 4, 2), "");
+  plan.on_batch(1, 0, 2);
+  const std::string why = plan.on_epoch_end(1, 2, 1);
+  EXPECT_NE(why.find("epoch 1 had 2 samples, not 4"), std::string::npos) << why;
+}
+
+TEST(JoinPlan, ABatchThatSpansWhereATrainersEpochsBeginBreaksItsEpochsAlone) {
+  JoinPlan plan(JoinPlanOptions{true, 12, 3, -1});
+  const Frame f{0, 4, 1};
+  const Framed moved = plan.frame(f, 1, 0, 0, 6);  // positions 0..5 of epoch 1 span 4
+  EXPECT_NE(moved.broken.find("spans sample 4"), std::string::npos) << moved.broken;
+  const Framed ends = plan.frame(f, 1, 0, 0, 4);
+  EXPECT_TRUE(ends.in_epochs && ends.ends_epoch && !ends.last && ends.broken.empty());
+  EXPECT_EQ(ends.epoch, 0);
+  EXPECT_EQ(ends.position, 8);
+  EXPECT_EQ(ends.index, 2);
+}
+
+TEST(JoinPlan, WhatCannotBeServedIsAnErrorAndALoaderItCannotSteerSaysWhy) {
+  EXPECT_THROW(JoinPlan(JoinPlanOptions{true, -1, 3, -1}), InvalidArgument);
+  EXPECT_THROW(JoinPlan(JoinPlanOptions{false, -2, -1, -1}), InvalidArgument);
+  EXPECT_THROW(JoinPlan(JoinPlanOptions{false, -1, -1, -3}), InvalidArgument);
+  JoinPlan plan(JoinPlanOptions{false, -1, -1, -1});
+  plan.on_batch(0, 0, 4);
+  std::string why;
+  EXPECT_FALSE(plan.join_now(why).has_value());
+  EXPECT_NE(why.find("not its to keep"), std::string::npos);
+  EXPECT_EQ(plan.next_epoch_frame().first_epoch, 1);
+  EXPECT_THROW(plan.joined(1, Frame{1, 4, 1}), std::logic_error);
+  EXPECT_THROW(plan.on_batch(0, 3, 4), std::logic_error);  // not the next batch
+}
+
+// A resumed trainer's epoch that runs on into a producer epoch ordered
+// without its join position (it had left when that epoch began, or the
+// producer is another one) cannot be resumed exactly: the samples before its
+// position are another set there.
+TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
+  for (bool stayed : {true, false}) {
+    JoinPlan plan(JoinPlanOptions{true, 8, 2, -1});
+    plan.steer(0);
+    plan.on_epoch_begin(0);
+    plan.on_batch(0, 0, 4);
+    std::string why;
+    const Frame f = plan.join_now(why).value();
+    EXPECT_EQ(f, (Frame{0, 4, 1}));
+    plan.joined(1, f);
+    plan.on_batch(0, 1, 4);
+    EXPECT_EQ(plan.on_epoch_end(0, 8, 2), "");
+    if (!stayed) plan.left(1);
+    EXPECT_EQ(plan.steer(1), stayed ? std::vector<int64_t>{4} : std::vector<int64_t>{});
+    plan.on_epoch_begin(1);
+    // Its epoch 0 at its sample 6: the producer's epoch 1 at sample 2.
+    const ResumePoint r = plan.resume(0, 6, 4);
+    EXPECT_EQ(r.at_epoch, 1);
+    EXPECT_EQ(r.at_position, 2);
+    EXPECT_EQ(r.possible, stayed);
+    if (stayed) EXPECT_EQ(r.frame, f);
+    // Its epoch 0 at its sample 2: still in the producer's epoch 0, ordered with it.
+    EXPECT_TRUE(plan.resume(0, 2, 4).possible);
+    // Not where a loader batch begins: never exact.
+    EXPECT_FALSE(plan.resume(0, 2, 3).possible);
+  }
+}

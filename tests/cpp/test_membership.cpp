@@ -894,7 +894,7 @@ TEST(Membership, ARingThatCannotMoveEvictsTheConsumerKeepingBatches) {
   h.sweep_blocked({"keeper", "trainer"});
   EXPECT_NE(h.m.stuck().find("pid 10 holds 1 slot (1 of batches it keeps)"), std::string::npos) << h.m.stuck();
   EXPECT_TRUE(h.of<protocol::Evicted>("keeper").empty());
-  h.now += std::chrono::milliseconds(static_cast<int>(Membership::kStuckSeconds * 1000) + 100);
+  h.now += std::chrono::milliseconds(static_cast<int>(Holdup::kStuckSeconds * 1000) + 100);
   h.sweep_blocked({"keeper", "trainer"});
   ASSERT_EQ(h.of<protocol::Evicted>("keeper").size(), 1u);
   const std::string reason = h.of<protocol::Evicted>("keeper")[0].reason;

@@ -110,7 +110,13 @@ TEST(Protocol, EveryKindRoundTrips) {
     auto back = decode(bytes.data(), bytes.size());
     EXPECT_EQ(back.index(), m.index()) << kind_name(m);
     EXPECT_EQ(encode(back), bytes) << kind_name(m);
+    EXPECT_EQ(peek_kind(bytes.data(), bytes.size()), kind_of(m)) << kind_name(m);
   }
+  // Too short for a header, or a kind no message has: none.
+  EXPECT_EQ(peek_kind("BCST", 4), Kind::None);
+  std::string unknown = encode(Bye{});
+  unknown[6] = '\x7f';
+  EXPECT_EQ(peek_kind(unknown.data(), unknown.size()), Kind::None);
 }
 
 // The numbers are the protocol: what the list makes must never move.

@@ -124,7 +124,7 @@ protocol::Welcome Channel::join(double timeout) {
   }
 }
 
-protocol::Message Channel::take(const std::function<void(double)>& waiting) {
+StreamMessage Channel::take(const std::function<void(double)>& waiting) {
   Inside inside(trainer_inside_);
   const auto started = Clock::now();
   auto last_interrupt = started;

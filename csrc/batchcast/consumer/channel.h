@@ -92,7 +92,7 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
   // GroupBroken, in order; blocks until there is one, calling `waiting`
   // with the seconds waited so far about every 100 ms. Throws the channel's
   // first error.
-  protocol::Message take(const std::function<void(double)>& waiting = {});
+  StreamMessage take(const std::function<void(double)>& waiting = {});
 
   // Ownership of a taken announcement's slot: the token's last owner releases it.
   std::shared_ptr<ReleaseToken> hold(uint64_t seq);

@@ -212,23 +212,27 @@ void Consumer::resume_from(protocol::Resume resume, int64_t first_epoch, int64_t
 
 // A group's rank waits here, in its first iter(), for the rest of its group.
 void Consumer::await_group() {
+  namespace pr = protocol;
   while (life_.grouping()) {
-    protocol::Message m = channel_->take();
-    if (auto* ready = std::get_if<protocol::GroupReady>(&m)) {
-      life_.group_ready();
-      next_epoch_ = first_epoch_ = ready->first_epoch;
-      first_position_ = ready->first_position;
-      resume_from(ready->resume, ready->first_epoch, ready->resume_position);
-    } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
-      loader_failed_ = *failed;
-      life_.loader_failed();
-      throw loader_error(options_.name, *failed);
-    } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
-      life_.stream_ended(/*started=*/false);
-      end_ = *end;
-    } else if (auto* a = std::get_if<protocol::Announcement>(&m)) {
-      channel_->release_now(a->seq);  // not ours (never sent before GroupReady)
-    }
+    StreamMessage m = channel_->take();
+    std::visit(pr::Exhaustive{
+                   [&](pr::GroupReady& ready) {
+                     life_.group_ready();
+                     next_epoch_ = first_epoch_ = ready.first_epoch;
+                     first_position_ = ready.first_position;
+                     resume_from(ready.resume, ready.first_epoch, ready.resume_position);
+                   },
+                   [&](pr::LoaderFailed& failed) {
+                     life_.loader_failed(failed);
+                     throw loader_error(options_.name, failed);
+                   },
+                   [&](pr::Finished& end) { life_.stream_ended(/*started=*/false, end); },
+                   // Never sent before GroupReady: not ours.
+                   [&](pr::Announcement& a) { channel_->release_now(a.seq); },
+                   [&](pr::EpochEnd&) {},
+                   [&](pr::GroupBroken&) {},  // a forming group does not break (it waits for a new rank)
+               },
+               m);
   }
 }
 
@@ -263,7 +267,7 @@ int64_t Consumer::begin_epoch() {
     }
     return epoch_;
   }
-  if (life_.in_epoch()) left_ = Left{epoch_, epoch_batches_};
+  if (life_.in_epoch()) life_.left_early(epoch_, epoch_batches_);
   replay_.clear();
   replaying_ = false;
   while (life_.in_epoch()) {
@@ -273,10 +277,10 @@ int64_t Consumer::begin_epoch() {
   rebatcher_.clear();
   epoch_ = next_epoch_++;
   epoch_batches_ = 0;
-  life_.begin(/*stream_end_known=*/end_.has_value());
+  life_.begin();
   replaying_ = life_.in_epoch() && epoch_ == first_epoch_;
   rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
-  if (group_broken_ && group_broken_->epoch <= epoch_) fail_group(*group_broken_);
+  if (life_.group_broken() && life_.group_broken()->epoch <= epoch_) fail_group(*life_.group_broken());
   return epoch_;
 }
 
@@ -284,8 +288,8 @@ int64_t Consumer::begin_epoch() {
 // (ProducerLost), or it served every epoch it was asked to (EpochsExhausted,
 // or an empty epoch where the consumer asked for that).
 std::optional<Batch> Consumer::past_end() {
-  if (loader_failed_) throw loader_error(options_.name, *loader_failed_);  // the stream ended in it
-  const protocol::Finished& end = *end_;
+  if (life_.loader_failure()) throw loader_error(options_.name, *life_.loader_failure());  // the stream ended in it
+  const protocol::Finished& end = *life_.stream_end();
   const std::string served =
       end.epochs == 0 ? "no epoch"
                       : end.epochs == 1 ? "epoch 0" : "epochs 0 to " + std::to_string(end.epochs - 1);
@@ -299,9 +303,9 @@ std::optional<Batch> Consumer::past_end() {
     mine = "this consumer started at epoch " + std::to_string(first_epoch_) + " and was handed " +
            std::to_string(epochs_done_) + (epochs_done_ == 1 ? " epoch" : " epochs") + " to its end";
   }
-  if (left_) {
-    mine += "; its iterator of epoch " + std::to_string(left_->epoch) + " was left after " +
-            std::to_string(left_->batches) + (left_->batches == 1 ? " batch" : " batches") +
+  if (const auto& left = life_.left()) {
+    mine += "; its iterator of epoch " + std::to_string(left->epoch) + " was left after " +
+            std::to_string(left->batches) + (left->batches == 1 ? " batch" : " batches") +
             ", which used that epoch up";
   }
   const std::string who = "batchcast producer '" + options_.name + "'";
@@ -341,6 +345,10 @@ std::optional<Batch> Consumer::take_next() {
   // switch nothing; the caller's thread is left as it was.
   std::optional<cuda::DeviceScope> scope;
   if (ring_device_ >= 0) scope.emplace(ring_device_);
+  namespace pr = protocol;
+  // What a message makes of the call: a batch (or the epoch's end: none) to
+  // hand out, or nothing yet (read on).
+  using Step = std::optional<std::optional<Batch>>;
   while (true) {
     if (auto b = rebatcher_.pop()) {
       if (++epoch_batches_ > 1 && replaying_) {
@@ -349,47 +357,57 @@ std::optional<Batch> Consumer::take_next() {
       }
       return hand_out(std::move(b));
     }
-    protocol::Message m = channel_->take([this](double waited) { say_what_it_waits_for(waited); });
-    if (auto* a = std::get_if<protocol::Announcement>(&m)) {
-      if (a->epoch != epoch_) {
-        channel_->release_now(a->seq);  // not ours
-        continue;
-      }
-      life_.batch_arrived();
-      receive(*a);
-    } else if (auto* end = std::get_if<protocol::EpochEnd>(&m)) {
-      if (end->epoch != epoch_) continue;
-      samples_per_epoch_ = end->samples;
-      loader_batches_per_epoch_ = end->batches;
-      life_.epoch_ended();
-      epochs_done_ += 1;
-      replay_.clear();
-      replaying_ = false;
-      auto rest = rebatcher_.flush(end->samples);
-      if (rest) epoch_batches_ += 1;
-      return hand_out(std::move(rest));
-    } else if (auto* broken = std::get_if<protocol::GroupBroken>(&m)) {
-      if (broken->epoch <= epoch_) fail_group(*broken);
-      group_broken_ = *broken;  // it left after this epoch: the next one fails
-    } else if (auto* failed = std::get_if<protocol::LoaderFailed>(&m)) {
-      life_.loader_failed();
-      rebatcher_.clear();
-      replay_.clear();
-      loader_failed_ = *failed;
-      throw loader_error(options_.name, *failed);
-    } else if (auto* end = std::get_if<protocol::Finished>(&m)) {
-      const bool started = rebatcher_.buffered() > 0 || life_.arrived();
-      life_.stream_ended(started);
-      end_ = *end;
-      rebatcher_.clear();
-      replay_.clear();
-      if (started) {
-        throw ProducerLost("batchcast producer '" + options_.name + "' " +
-                           (end->stopped ? "was stopped" : "ended") + " before the end of epoch " +
-                           std::to_string(epoch_));
-      }
-      return past_end();
-    }
+    StreamMessage m = channel_->take([this](double waited) { say_what_it_waits_for(waited); });
+    Step step = std::visit(
+        pr::Exhaustive{
+            [&](pr::Announcement& a) -> Step {
+              if (a.epoch != epoch_) {
+                channel_->release_now(a.seq);  // not ours
+                return std::nullopt;
+              }
+              life_.batch_arrived();
+              receive(a);
+              return std::nullopt;
+            },
+            [&](pr::EpochEnd& end) -> Step {
+              if (end.epoch != epoch_) return std::nullopt;
+              samples_per_epoch_ = end.samples;
+              loader_batches_per_epoch_ = end.batches;
+              life_.epoch_ended();
+              epochs_done_ += 1;
+              replay_.clear();
+              replaying_ = false;
+              auto rest = rebatcher_.flush(end.samples);
+              if (rest) epoch_batches_ += 1;
+              return hand_out(std::move(rest));
+            },
+            [&](pr::GroupBroken& broken) -> Step {
+              if (broken.epoch <= epoch_) fail_group(broken);
+              life_.group_breaks(broken);  // it left after this epoch: the next one fails
+              return std::nullopt;
+            },
+            [&](pr::LoaderFailed& failed) -> Step {
+              life_.loader_failed(failed);
+              rebatcher_.clear();
+              replay_.clear();
+              throw loader_error(options_.name, failed);
+            },
+            [&](pr::Finished& end) -> Step {
+              const bool started = rebatcher_.buffered() > 0 || life_.arrived();
+              life_.stream_ended(started, end);
+              rebatcher_.clear();
+              replay_.clear();
+              if (started) {
+                throw ProducerLost("batchcast producer '" + options_.name + "' " +
+                                   (end.stopped ? "was stopped" : "ended") + " before the end of epoch " +
+                                   std::to_string(epoch_));
+              }
+              return past_end();
+            },
+            [&](pr::GroupReady&) -> Step { return std::nullopt; },  // its group formed long ago: not news
+        },
+        m);
+    if (step) return std::move(*step);
   }
 }
 

@@ -214,19 +214,13 @@ class Consumer {
   int64_t next_epoch_ = 0;
   int64_t first_epoch_ = -1; // the producer's epoch this consumer started at
   int64_t first_position_ = 0;  // where its epochs begin in the producer's (joined mid-epoch)
-  Lifecycle life_{false};    // where it is in its epochs (lifecycle.h)
-  std::optional<protocol::Finished> end_;  // how the producer's stream ended
-  std::optional<protocol::LoaderFailed> loader_failed_;  // in an error: every later epoch raises it
+  Lifecycle life_{false};    // where it is in its epochs, and why they ended (lifecycle.h)
   int64_t epochs_done_ = 0;  // epochs this consumer was handed to their end
   int64_t epoch_batches_ = 0;  // batches handed out in the current epoch
   // The first epoch's loader batches while it has handed out at most one
   // batch: a peek (next(iter(loader))) gives them back (begin_epoch).
   std::vector<LoaderBatch> replay_;
   bool replaying_ = false;   // replay_ is being kept
-  struct Left {              // an epoch left unfinished, for the error that may follow
-    int64_t epoch, batches;
-  };
-  std::optional<Left> left_;
   protocol::Welcome joined_;     // what the producer was doing when this consumer joined
   bool told_waiting_ = false;    // said once what its first epoch waits for
   void say_what_it_waits_for(double waited);
@@ -239,7 +233,6 @@ class Consumer {
   int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
   int64_t resume_position_ = 0;
   std::string loader_;
-  std::optional<protocol::GroupBroken> group_broken_;  // for a later epoch
 };
 
 }  // namespace batchcast

@@ -64,20 +64,22 @@ void Lifecycle::epoch_ended() {
   state_ = Between{};
 }
 
-void Lifecycle::loader_failed() {
+void Lifecycle::loader_failed(protocol::LoaderFailed failed) {
   if (in_epoch() || std::holds_alternative<Between>(state_)) {
     state_ = Between{};
   } else if (!grouping()) {
     refuse("the loader failed");
   }
+  failed_ = std::move(failed);
 }
 
-void Lifecycle::stream_ended(bool started) {
+void Lifecycle::stream_ended(bool started, protocol::Finished end) {
   if (std::holds_alternative<Ended>(state_)) return;  // said once
   if (std::holds_alternative<Broken>(state_) || std::holds_alternative<Closed>(state_)) {
     refuse("the producer's stream ended");
   }
   state_ = Ended{!(in_epoch() && started)};
+  end_ = std::move(end);
 }
 
 void Lifecycle::broke(std::exception_ptr error) { state_ = Broken{std::move(error)}; }

@@ -121,7 +121,7 @@ void Session::accept(protocol::Message& m, SessionActions& out) {
               release_later(out, a.seq);  // announced while we left: not ours to keep
               return;
             }
-            inbox_.push_back(std::move(m));
+            inbox_.push_back(std::move(a));
           },
           [&](pr::MailboxReady& ready) {
             needs_welcome("mailbox");
@@ -131,21 +131,21 @@ void Session::accept(protocol::Message& m, SessionActions& out) {
             if (phase_ != Phase::Drained && phase_ != Phase::Unmapped) out.mailbox = ready;
           },
           [&](pr::Heartbeat&) {},
-          [&](pr::GroupReady&) { queue_group_message(m); },
-          [&](pr::GroupBroken&) { queue_group_message(m); },
-          [&](pr::EpochEnd&) {
+          [&](pr::GroupReady& ready) { queue_group_message(std::move(ready)); },
+          [&](pr::GroupBroken& broken) { queue_group_message(std::move(broken)); },
+          [&](pr::EpochEnd& end) {
             needs_welcome("epoch end");
-            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
+            if (phase_ == Phase::Member) inbox_.push_back(std::move(end));
           },
-          [&](pr::LoaderFailed&) {
+          [&](pr::LoaderFailed& failed) {
             needs_welcome("loader failure");
-            if (phase_ == Phase::Member) inbox_.push_back(std::move(m));
+            if (phase_ == Phase::Member) inbox_.push_back(std::move(failed));
           },
-          [&](pr::Finished&) {
+          [&](pr::Finished& finished) {
             needs_welcome("finish");
             finished_ = true;
             if (phase_ == Phase::Member) {
-              inbox_.push_back(std::move(m));
+              inbox_.push_back(std::move(finished));
               phase_ = Phase::Leaving;  // nothing more will come
             }
           },
@@ -161,7 +161,7 @@ void Session::accept(protocol::Message& m, SessionActions& out) {
       m);
 }
 
-void Session::queue_group_message(protocol::Message& m) {
+void Session::queue_group_message(StreamMessage m) {
   if (!welcome_ || options_.hello.world_size == 0) {
     throw MalformedMessage("group message to a consumer of no group");
   }
@@ -211,10 +211,10 @@ void Session::start_leaving(SessionActions& out) {
   inbox_.clear();
 }
 
-std::optional<protocol::Message> Session::take() {
+std::optional<StreamMessage> Session::take() {
   if (error_) std::rethrow_exception(error_);
   if (inbox_.empty()) return std::nullopt;
-  protocol::Message m = std::move(inbox_.front());
+  StreamMessage m = std::move(inbox_.front());
   inbox_.pop_front();
   if (std::holds_alternative<protocol::Announcement>(m)) taken_ += 1;
   return m;

@@ -48,6 +48,12 @@
 
 namespace batchcast {
 
+// What the session hands the trainer: the messages of the producer's stream
+// (the rest it handles itself). A kind added here does not compile until the
+// consumer handles it (Consumer::await_group, Consumer::take_next).
+using StreamMessage = std::variant<protocol::Announcement, protocol::EpochEnd, protocol::LoaderFailed,
+                                   protocol::Finished, protocol::GroupReady, protocol::GroupBroken>;
+
 struct SessionOptions {
   std::string name;       // the producer's, for messages
   protocol::Hello hello;  // what this consumer says first (its pid, group, resume)
@@ -102,7 +108,7 @@ class Session {
 
   // The trainer: the next Announcement, EpochEnd, LoaderFailed, Finished,
   // GroupReady or GroupBroken, in order, or nothing yet. Throws the first error.
-  std::optional<protocol::Message> take();
+  std::optional<StreamMessage> take();
   // A taken announcement's slot is now referenced by tensors.
   void hold(uint64_t seq);
   // A taken announcement that will not be used: its slot goes back at once.
@@ -140,7 +146,7 @@ class Session {
 
  private:
   void accept(protocol::Message& m, SessionActions& out);
-  void queue_group_message(protocol::Message& m);
+  void queue_group_message(StreamMessage m);
   void start_leaving(SessionActions& out);
   void fail(std::exception_ptr error, SessionActions& out);
 
@@ -149,7 +155,7 @@ class Session {
   std::optional<protocol::Welcome> welcome_;
   std::optional<RingExtent> ring_;  // mapped
   bool mailbox_given_ = false;
-  std::deque<protocol::Message> inbox_;
+  std::deque<StreamMessage> inbox_;
   std::set<uint64_t> referenced_;
   std::set<uint64_t> releasing_;
   int64_t taken_ = 0;  // announcements handed out by take(), not yet held or released

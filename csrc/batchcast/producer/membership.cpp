@@ -11,7 +11,9 @@ Membership::Membership(MembershipOptions options, SlotLedger& slots)
     : options_(std::move(options)),
       slots_(slots),
       plan_(JoinPlanOptions{options_.join_any_time, options_.samples_per_epoch, options_.batches_per_epoch,
-                            options_.epochs}) {}
+                            options_.epochs}),
+      groups_(options_.name),
+      holdup_(options_.name, options_.slots, options_.straggler_timeout) {}
 
 std::string Membership::who(const Member& m) const {
   return "consumer pid " + std::to_string(m.pid) + " of producer '" + options_.name + "'";
@@ -292,50 +294,25 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   out.sends.back().consumer_id = member.id;
   if (group == 0) {
     begin(peer, member, start, out);  // what it resumes or catches up on, even from a finished producer
-  } else if (!finished_ && groups_.at(group).ranks.size() == static_cast<std::size_t>(hello.world_size)) {
+  } else if (!finished_ && groups_.all_present(group)) {
     start_group(group, out);
   }
   if (finished_) send(out, peer, finished_);  // nothing more will come: say so at once
 }
 
 // The forming group of that name this rank joins (a new one if there is
-// none: a restarted group forms beside the old until that one breaks); 0
-// when refused.
+// none); 0 when refused.
 uint64_t Membership::admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out) {
-  auto it = std::find_if(groups_.begin(), groups_.end(),
-                         [&](const auto& g) { return !g.second.complete && g.second.name == hello.group; });
-  std::string why;
-  if (it != groups_.end()) {
-    const Group& g = it->second;
-    if (g.world_size != hello.world_size) {
-      why = "its world_size is " + std::to_string(hello.world_size) + " but rank(s) already there said " +
-            std::to_string(g.world_size);
-    } else if (g.batch_size != hello.batch_size) {
-      why = "its batch_size is " + std::to_string(hello.batch_size) + " but rank(s) already there said " +
-            std::to_string(g.batch_size);
-    } else if (g.ranks.count(hello.rank) != 0) {
-      why = "rank " + std::to_string(hello.rank) + " is already there (consumer pid " +
-            std::to_string(members_.at(g.ranks.at(hello.rank)).pid) + ")";
-    }
-  }
-  if (!why.empty()) {
-    refuse(out, peer,
-           "producer '" + options_.name + "' refused rank " + std::to_string(hello.rank) + " of consumer group '" +
-               hello.group + "': " + why + "; every rank of a group needs the same world_size and batch_size, "
-               "and a rank of its own");
-    return 0;
-  }
-  if (it == groups_.end()) {
-    it = groups_.emplace(next_group_++, Group{hello.group, hello.world_size, hello.batch_size, {}, false}).first;
-  }
-  it->second.ranks[hello.rank] = peer;
-  return it->first;
+  std::string refused;
+  const uint64_t id = groups_.admit(peer, hello, [this](const std::string& p) { return members_.at(p).pid; }, refused);
+  if (id == 0) refuse(out, peer, refused);
+  return id;
 }
 
 // Every rank is present: the group starts as one consumer, where its rank 0
 // asked (its resume position, catch-up if every rank asked for it).
 void Membership::start_group(uint64_t id, Actions& out) {
-  Group& g = groups_.at(id);
+  ConsumerGroups::Group& g = groups_.at(id);
   g.complete = true;
   uint32_t flags = ~0u;  // what every rank asked for
   for (const auto& [rank, peer] : g.ranks) flags &= members_.at(peer).hello.flags;
@@ -542,24 +519,19 @@ void Membership::begin(const std::string& peer, Member& member, const Start& sta
 void Membership::break_group(const std::string& peer, const std::string& what, Actions& out) {
   auto member = members_.find(peer);
   if (member == members_.end() || member->second.group == 0) return;
-  auto g = groups_.find(member->second.group);
-  if (g == groups_.end()) return;  // broken already
   const protocol::Hello& hello = member->second.hello;
-  if (!g->second.complete) {
-    g->second.ranks.erase(hello.rank);
-    if (g->second.ranks.empty()) groups_.erase(g);
-    return;
-  }
+  const auto g = groups_.rank_went(member->second.group, hello.rank);
+  if (!g) return;  // forming (it only lost that rank), or broken already
   // (every rank's epochs are the group's: the same own epoch for each)
   const int64_t epoch = plan_.own_epoch(member->second.frame);
   const std::string reason =
       "rank " + std::to_string(hello.rank) + " (pid " + std::to_string(member->second.pid) +
-      ") of consumer group '" + g->second.name + "' of batchcast producer '" + options_.name + "' " + what +
+      ") of consumer group '" + g->name + "' of batchcast producer '" + options_.name + "' " + what +
       "; from epoch " + std::to_string(epoch) +
       " the group's other ranks get no more batches (they would wait for it forever). Restart the "
       "whole group (torchrun's --max-restarts does); a restarted group starts at the next epoch";
   auto bytes = std::make_shared<const std::string>(protocol::encode(protocol::GroupBroken{epoch, reason}));
-  for (const auto& [rank, other] : g->second.ranks) {
+  for (const auto& [rank, other] : g->ranks) {
     auto m = members_.find(other);
     if (other == peer || m == members_.end() || m->second.leaving) continue;
     send(out, other, bytes);
@@ -568,9 +540,8 @@ void Membership::break_group(const std::string& peer, const std::string& what, A
   counters_.groups_broken += 1;
   out.members_changed = true;
   report(out, what == "left" ? Report::Level::Info : Report::Level::Notice,
-         "consumer group '" + g->second.name + "' of producer '" + options_.name + "' ended: rank " +
+         "consumer group '" + g->name + "' of producer '" + options_.name + "' ended: rank " +
              std::to_string(hello.rank) + " " + what);
-  groups_.erase(g);
 }
 
 // A member that said goodbye is forgotten once it holds nothing (and has
@@ -690,128 +661,23 @@ Actions Membership::on_sweep(const std::function<bool(int64_t)>& alive, bool wai
   last_sweep_ = now;
   holding_up_.clear();
   if (!waiting_for_space) {
-    stuck_since_.reset();
-    stuck_.clear();
+    holdup_.not_waiting();
     return out;
   }
-  check_stuck(waits, now, out);
-  if (out.members_changed) return out;  // evicted (or crashed): look again next time
-  // The member that has left a batch unreleased the longest, among batches it
-  // has not moved past (those it keeps are within its pin budget) and that
-  // are not the newest it was sent: the one the producer waits for. One
-  // holding only its newest batch waits for the producer itself (a trainer
-  // blocked in next() still holds the batch before); it is the one waited
-  // for only when nobody is behind and no leaving member is about to give
-  // slots back (an evicted consumer releases what it queued once it reads
-  // its eviction).
-  std::string slowest, waiting;
-  Clock::time_point oldest = now, waiting_since = now;
-  bool coming_back = false;
-  for (const auto& [seq, hold] : slots_.held()) {
-    for (const auto& peer : hold.holders) {
-      const Member& m = members_.at(peer);
-      if (seq < m.released_upto) continue;
-      if (m.leaving) {
-        coming_back = true;
-      } else if (seq >= m.sent_upto) {
-        if (hold.since < waiting_since) {
-          waiting = peer;
-          waiting_since = hold.since;
-        }
-      } else if (hold.since < oldest) {
-        slowest = peer;
-        oldest = hold.since;
-      }
-    }
-  }
-  if (slowest.empty() && !coming_back) {
-    slowest = waiting;
-    oldest = waiting_since;
-  }
-  if (slowest.empty()) return out;
-  holding_up_ = slowest;
-  members_.at(slowest).stall_seconds += since_last;
-  const double held = std::chrono::duration<double>(now - oldest).count();
-  if (options_.straggler_timeout > 0 && held >= options_.straggler_timeout) evict_straggler(slowest, held, out);
+  const Holdup::Verdict v = holdup_.judge(
+      slots_,
+      [this](const std::string& peer) {
+        const Member& m = members_.at(peer);
+        return HolderFacts{m.pid, m.released_upto, m.sent_upto, m.leaving};
+      },
+      waits, now);
+  if (!v.stuck.empty()) report(out, Report::Level::Notice, v.stuck_log);
+  for (const auto& e : v.stuck) evict(e.peer, e.reason, e.logged, e.why_for_group, out);
+  if (out.members_changed || v.waited_for.empty()) return out;  // evicted (or crashed): look again next time
+  holding_up_ = v.waited_for;
+  members_.at(v.waited_for).stall_seconds += since_last;
+  if (v.straggler) evict(v.straggler->peer, v.straggler->reason, v.straggler->logged, v.straggler->why_for_group, out);
   return out;
-}
-
-// The ring cannot move: the producer waits for space, and every consumer
-// holding a slot is itself blocked waiting for its next batch, so the slots
-// are held by batches its trainer still references (ones it keeps, and the
-// one in hand) and nothing will free them. After kStuckSeconds of that, the
-// log says who holds what, and the consumers that keep batches (or, if none
-// does, the one holding the most) are evicted with what to change; the
-// others go on with the slots they give back.
-void Membership::check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now,
-                             Actions& out) {
-  struct Holding {
-    int64_t held = 0;
-    int64_t kept = 0;
-  };
-  std::map<std::string, Holding> holding;
-  for (const auto& [seq, hold] : slots_.held()) {
-    for (const auto& peer : hold.holders) {
-      const Member& m = members_.at(peer);
-      holding[peer].held += 1;
-      holding[peer].kept += seq < m.released_upto ? 1 : 0;
-    }
-  }
-  bool standing = static_cast<bool>(waits) && !holding.empty();
-  for (const auto& [peer, h] : holding) {
-    standing = standing && !members_.at(peer).leaving && waits(peer);
-  }
-  if (!standing) {
-    stuck_.clear();  // someone may still let go; the clock goes on while nothing is freed
-    return;
-  }
-  if (!stuck_since_) stuck_since_ = now;
-  std::string who, largest;
-  int64_t most = -1;
-  for (const auto& [peer, h] : holding) {
-    const Member& m = members_.at(peer);
-    who += (who.empty() ? "" : ", ") + std::string("pid ") + std::to_string(m.pid) + " holds " +
-           std::to_string(h.held) + (h.held == 1 ? " slot" : " slots") +
-           (h.kept > 0 ? " (" + std::to_string(h.kept) + " of batches it keeps)" : std::string());
-    if (h.held > most) {
-      most = h.held;
-      largest = peer;
-    }
-  }
-  stuck_ = "the ring is full and every consumer waits for its next batch: " + who;
-  const double seconds = std::chrono::duration<double>(now - *stuck_since_).count();
-  if (seconds < kStuckSeconds) return;
-  report(out, Report::Level::Notice,
-         "producer '" + options_.name + "' cannot go on: " + stuck_ + " (of " + std::to_string(options_.slots) +
-             " slots); evicting the consumers that keep batches");
-  std::vector<std::string> victims;
-  for (const auto& [peer, h] : holding) {
-    if (h.kept > 0) victims.push_back(peer);
-  }
-  if (victims.empty()) victims.push_back(largest);
-  for (const auto& peer : victims) {
-    const Holding& h = holding.at(peer);
-    const std::string why = "its trainer references " + std::to_string(h.held) + " of the ring's slots (" +
-                            std::to_string(h.kept) +
-                            " of them batches it keeps) while every consumer waits for the next batch and "
-                            "the ring is full, so nothing could move";
-    const std::string fix = h.kept > 0 ? "keep .clone()s of the batches you store (e.g. x.clone()), not the "
-                                         "batches themselves, or serve with more slots (slots=" +
-                                             std::to_string(options_.slots) + " now)"
-                                       : "serve with more slots (slots=" + std::to_string(options_.slots) +
-                                             " now), or use a smaller batch size";
-    evict(peer, why + "; " + fix, why, "its batches held the ring full", out);
-  }
-  stuck_since_.reset();
-  stuck_.clear();
-}
-
-void Membership::evict_straggler(const std::string& peer, double held_seconds, Actions& out) {
-  const std::string held = std::to_string(static_cast<int>(held_seconds));
-  evict(peer,
-        "it left a batch unconsumed for " + held + " s while the others waited (straggler_timeout=" +
-            std::to_string(options_.straggler_timeout) + " s); consume faster, or raise the timeout",
-        "it left a batch unconsumed for " + held + " s (straggler_timeout)", "straggler_timeout", out);
 }
 
 // It gets nothing more. What it references stays valid: the consumer

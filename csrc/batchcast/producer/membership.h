@@ -57,6 +57,8 @@
 
 #include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
+#include "batchcast/producer/groups.h"
+#include "batchcast/producer/holdup.h"
 #include "batchcast/producer/join_plan.h"
 #include "batchcast/producer/slot_ledger.h"
 #include "batchcast/protocol/message.h"
@@ -163,11 +165,8 @@ class Membership {
   // waiting for its next batch; none given: unknown) is resolved (stuck()).
   Actions on_sweep(const std::function<bool(int64_t pid)>& alive, bool waiting_for_space,
                    Clock::time_point now, const std::function<bool(const std::string&)>& waits = {});
-  // How long a ring may stand still with every holder waiting before the
-  // consumers keeping batches are evicted.
-  static constexpr double kStuckSeconds = 2.0;
   // While the ring stands still that way: who holds what ("" otherwise).
-  const std::string& stuck() const { return stuck_; }
+  const std::string& stuck() const { return holdup_.stuck(); }
 
   // A message that is not even two frames (a peer id and a body).
   Actions on_malformed();
@@ -219,15 +218,6 @@ class Membership {
     uint64_t group = 0;          // its group's id; 0: none
     bool waiting_for_group = false;
   };
-  // One generation of a named group: a restarted group is a new one, formed
-  // beside the old until that one breaks.
-  struct Group {
-    std::string name;
-    int32_t world_size = 0;
-    int64_t batch_size = 0;
-    std::map<int32_t, std::string> ranks;  // rank -> peer
-    bool complete = false;                 // every rank came: it takes part
-  };
   // Where a newcomer (or a group, once complete) starts.
   struct Start {
     Frame frame;
@@ -258,8 +248,6 @@ class Membership {
   int64_t taking() const;  // member processes that get batches (each rank of a group)
   void forget_if_done(const std::string& peer, Actions& out);
   void remove(const std::string& peer, Departure how, Actions& out);
-  void evict_straggler(const std::string& peer, double held_seconds, Actions& out);
-  void check_stuck(const std::function<bool(const std::string&)>& waits, Clock::time_point now, Actions& out);
   // Tells the consumer `reason`, logs `logged`; its group breaks.
   // It gets nothing more (its join position goes).
   void stop(Member& m, Actions& out);
@@ -276,17 +264,13 @@ class Membership {
   std::vector<uint64_t> retained_;          // the current epoch's first batches (their slots)
   bool told_cannot_join_now_ = false;
   std::optional<protocol::EpochEnd> last_end_;  // of the last epoch that ended
-  std::map<uint64_t, Group> groups_;        // forming or complete; a broken group leaves
-  uint64_t next_group_ = 1;
+  ConsumerGroups groups_;                   // forming or complete; a broken group leaves
   int64_t awaiting_ = 0;
   uint64_t next_id_ = 1;
   std::shared_ptr<const std::string> finished_;  // Finished, for consumers joining later
   std::optional<Clock::time_point> last_sweep_;
   std::string holding_up_;  // the member the last sweep found the producer waiting for
-  // Since when the ring has stood still with every holder waiting, and the
-  // status saying so.
-  std::optional<Clock::time_point> stuck_since_;
-  std::string stuck_;
+  Holdup holdup_;           // who holds the ring up, while the producer waits for space
   MembershipCounters counters_;
 };
 

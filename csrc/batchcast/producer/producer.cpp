@@ -758,11 +758,7 @@ void Producer::collect_releases(const std::string* only) {
       const auto r = link.mailbox->collect(frame);
       if (r == FrameQueue::Pop::Empty) break;
       // Only releases come this way; anything else is dropped and counted.
-      uint16_t kind = 0;
-      if (r == FrameQueue::Pop::Frame && frame.size() >= protocol::kHeaderBytes) {
-        std::memcpy(&kind, frame.data() + 6, sizeof kind);
-      }
-      if (kind != static_cast<uint16_t>(protocol::Kind::Release)) {
+      if (r != FrameQueue::Pop::Frame || protocol::peek_kind(frame.data(), frame.size()) != protocol::Kind::Release) {
         dropped += 1;
         continue;
       }

@@ -471,6 +471,13 @@ Message decode(const void* data, std::size_t size) {
   return out;
 }
 
+Kind peek_kind(const void* data, std::size_t size) {
+  if (size < kHeaderBytes) return Kind::None;
+  uint16_t kind = 0;
+  std::memcpy(&kind, static_cast<const char*>(data) + sizeof(uint32_t) + sizeof(uint16_t), sizeof kind);
+  return kind >= 1 && kind <= std::size(kKindNames) ? static_cast<Kind>(kind) : Kind::None;
+}
+
 const char* kind_name(const Message& message) { return kKindNames[message.index()]; }
 
 const char* kind_name(Kind kind) {

@@ -328,6 +328,9 @@ std::string encode(const Message& message, uint16_t version);  // for tests of r
 
 // Throws MalformedMessage (or VersionMismatch) for anything not exactly valid.
 Message decode(const void* data, std::size_t size);
+// The kind a message's header says, without decoding it (Kind::None when it
+// is too short to have a header); the body is validated only by decode().
+Kind peek_kind(const void* data, std::size_t size);
 
 const char* kind_name(const Message& message);
 const char* kind_name(Kind kind);  // "unknown" for a number no kind has

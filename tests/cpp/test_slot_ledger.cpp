@@ -68,6 +68,21 @@ TEST(SlotLedger, ALeasedSlotIsWrittenByItsPublishOrComesBackUnused) {
   EXPECT_EQ(h.ledger.state(1), State::Queued);
 }
 
+TEST(SlotLedger, WhereALeasedSlotLiesIsKeptWhileItIsLeased) {
+  Harness h;
+  h.ledger.lease(3, SlotLedger::Place{{0, 4096}, -1});
+  h.ledger.lease(4, SlotLedger::Place{{8192, 12288}, -1});
+  ASSERT_NE(h.ledger.leased(3), nullptr);
+  EXPECT_EQ(h.ledger.leased(3)->offsets, (std::vector<uint64_t>{0, 4096}));
+  EXPECT_EQ(h.ledger.leases(), (std::vector<uint64_t>{3, 4}));
+  h.ledger.write(3);  // its publish claimed it
+  EXPECT_EQ(h.ledger.leased(3), nullptr);
+  h.ledger.abandon(4);
+  EXPECT_EQ(h.ledger.leased(4), nullptr);
+  EXPECT_TRUE(h.ledger.leases().empty());
+  h.ledger.check();
+}
+
 TEST(SlotLedger, ASlotNobodyWasSentIsFreedAsItIsDelivered) {
   Harness h;
   h.announce(1, {});

@@ -390,7 +390,7 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
     wait(lock, space_, -1, [&] {
       if (!slot && phase_ == Phase::Serving) {
         slot = ring_->try_reserve(layout.bytes, layout.align, membership_.kept_slots());
-        if (slot && lease) slots_.lease(slot->seq);
+        if (slot && lease) slots_.lease(slot->seq, SlotLedger::Place{slot->offsets, slot->event});
         if (slot && !lease) slots_.reserve(slot->seq);
       }
       if (!slot && !told) {
@@ -460,11 +460,9 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
                                               bool in_place) {
   std::lock_guard<std::mutex> lock(mu_);
   rethrow_io_error();
-  auto it = leases_.find(seq);
-  if (it == leases_.end() || !slots_.contains(seq) || slots_.state(seq) != SlotLedger::State::Leased) {
-    throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
-  }
-  const RingSlot& slot = it->second;
+  const SlotLedger::Place* place = slots_.leased(seq);
+  if (place == nullptr) throw InvalidArgument("publish names lease " + std::to_string(seq) + ", which is not out");
+  RingSlot slot{seq, place->offsets, place->event};
   // Copied into its lease if every tensor fits its lane there; else into a
   // slot of its own (the lease goes back after the copy).
   bool fits = layout.bytes.size() == slot.offsets.size();
@@ -492,11 +490,9 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
   }
   note_loader_time();
   check_serving("publish");
-  RingSlot out = std::move(it->second);
-  leases_.erase(it);
   slots_.write(seq);
   publishing_ += 1;  // close() waits for this write before freeing the ring
-  return out;
+  return slot;
 }
 
 std::optional<Producer::Lease> Producer::lease(int64_t limit) {
@@ -513,7 +509,6 @@ std::optional<Producer::Lease> Producer::lease(int64_t limit) {
     *last_publish_end_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(waited));
   }
   Lease out{slot.seq, slot.offsets, first_.bytes, ring_->host_fd(), ring_->bytes()};
-  leases_.emplace(slot.seq, std::move(slot));
   return out;
 }
 
@@ -526,7 +521,7 @@ int64_t Producer::return_leases() {
   std::vector<uint64_t> out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [seq, slot] : leases_) out.push_back(seq);
+    out = slots_.leases();
   }
   for (uint64_t seq : out) return_lease(seq);
   return static_cast<int64_t>(out.size());
@@ -534,7 +529,7 @@ int64_t Producer::return_leases() {
 
 void Producer::return_lease(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (leases_.erase(seq) == 0) return;
+  if (slots_.leased(seq) == nullptr) return;
   slots_.abandon(seq);
   stats_.leases_returned += 1;
 }

@@ -298,7 +298,6 @@ class Producer {
   std::atomic<int64_t> over_socket_{0};  // written by the I/O thread
   std::unique_ptr<Ring> ring_;
   Layout first_;                       // of the first batch: what the ring and leases are sized for
-  std::map<uint64_t, RingSlot> leases_;  // under mu_: where each leased slot lies (its state: slots_)
 
   mutable std::mutex mu_;
   std::condition_variable space_;    // ring space freed, or stopping

@@ -30,10 +30,24 @@ void SlotLedger::reserve(uint64_t seq) {
   }
 }
 
-void SlotLedger::lease(uint64_t seq) {
+void SlotLedger::lease(uint64_t seq, Place place) {
   if (!slots_.emplace(seq, State::Leased).second) {
     throw std::logic_error("slot ledger: " + slot_name(seq) + " leased while " + name(slots_.at(seq)));
   }
+  leased_.emplace(seq, std::move(place));
+}
+
+void SlotLedger::lease(uint64_t seq) { lease(seq, Place{}); }
+
+const SlotLedger::Place* SlotLedger::leased(uint64_t seq) const {
+  auto it = leased_.find(seq);
+  return it == leased_.end() ? nullptr : &it->second;
+}
+
+std::vector<uint64_t> SlotLedger::leases() const {
+  std::vector<uint64_t> out;
+  for (const auto& [seq, place] : leased_) out.push_back(seq);
+  return out;
 }
 
 void SlotLedger::move(uint64_t seq, State from_a, State from_b, State to, const char* event) {
@@ -45,7 +59,10 @@ void SlotLedger::move(uint64_t seq, State from_a, State from_b, State to, const 
   it->second = to;
 }
 
-void SlotLedger::write(uint64_t seq) { move(seq, State::Reserved, State::Leased, State::Writing, "written"); }
+void SlotLedger::write(uint64_t seq) {
+  move(seq, State::Reserved, State::Leased, State::Writing, "written");
+  leased_.erase(seq);
+}
 
 void SlotLedger::queue(uint64_t seq) { move(seq, State::Writing, State::Writing, State::Queued, "queued"); }
 
@@ -102,6 +119,7 @@ void SlotLedger::free_if_unheld(std::map<uint64_t, Held>::iterator it) {
 
 void SlotLedger::free(uint64_t seq) {
   slots_.erase(seq);
+  leased_.erase(seq);
   freed_ += 1;
   if (on_free_) on_free_(seq);
 }
@@ -134,7 +152,13 @@ void SlotLedger::check() const {
       throw std::logic_error("slot ledger: " + slot_name(seq) + " is " + name(s) +
                              (has_record ? " with" : " without") + " a held record");
     }
+    const bool has_place = leased_.count(seq) != 0;
+    if ((s == State::Leased) != has_place) {
+      throw std::logic_error("slot ledger: " + slot_name(seq) + " is " + name(s) +
+                             (has_place ? " with" : " without") + " a lease's place");
+    }
   }
+  if (leased_.size() > slots_.size()) throw std::logic_error("slot ledger: a lease's place for a free slot");
   for (const auto& [seq, h] : held_) {
     if (slots_.count(seq) == 0) throw std::logic_error("slot ledger: a held record for free " + slot_name(seq));
     if (h.holders.empty() && !h.retained) {

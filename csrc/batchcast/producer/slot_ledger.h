@@ -7,7 +7,8 @@
 //   Reserved | Leased | Writing ──abandon──▶ (free)     never announced
 //
 // - Reserved: publish() took the slot to copy a batch into.
-// - Leased: a loader worker may be writing a batch into it.
+// - Leased: a loader worker may be writing a batch into it (where the slot
+//   lies in the ring is recorded with it: the worker was told).
 // - Writing: publish() is writing (or has written) the batch; nothing else may.
 // - Queued: announced, on its way to the consumers (the producer's stream).
 // - Held: delivered. Its holders are the consumers it was sent to that have
@@ -53,11 +54,18 @@ class SlotLedger {
   SlotLedger(const SlotLedger&) = delete;
   SlotLedger& operator=(const SlotLedger&) = delete;
 
+  // Where a leased slot lies in the ring.
+  struct Place {
+    std::vector<uint64_t> offsets;  // each tensor leaf's byte offset
+    int32_t event = -1;
+  };
+
   // The producer's side. `seq` is the ring's name for a slot it just
   // allocated; a seq already in the ledger is a logic_error (leased twice).
   void reserve(uint64_t seq);
-  void lease(uint64_t seq);
-  void write(uint64_t seq);  // Reserved or Leased -> Writing
+  void lease(uint64_t seq, Place place);
+  void lease(uint64_t seq);  // lying nowhere in particular (tests)
+  void write(uint64_t seq);  // Reserved or Leased -> Writing (a lease's place is forgotten)
   void queue(uint64_t seq);  // Writing -> Queued
   // Never announced (a failed write, a stop, a lease that came back): free.
   void abandon(uint64_t seq);
@@ -79,13 +87,16 @@ class SlotLedger {
   State state(uint64_t seq) const;  // logic_error for a free slot
   bool is_held(uint64_t seq) const;
   bool holds_any(const std::string& holder) const;
+  const Place* leased(uint64_t seq) const;  // where it lies, while Leased; else null
+  std::vector<uint64_t> leases() const;      // the Leased slots
   const std::map<uint64_t, Held>& held() const { return held_; }  // by seq, oldest first
   int64_t count(State state) const;
   int64_t size() const { return static_cast<int64_t>(slots_.size()); }  // not free
   int64_t freed() const { return freed_; }
 
   // The ledger's own invariants (tests call it after every event):
-  // each slot in one state, a Held slot's record exactly for Held slots, no
+  // each slot in one state, a Held slot's record exactly for Held slots (a
+  // place exactly for Leased ones), no
   // Held slot without holders or retention. Throws logic_error naming the slot.
   void check() const;
 
@@ -99,6 +110,7 @@ class SlotLedger {
   std::function<void(uint64_t)> on_free_;
   std::map<uint64_t, State> slots_;  // every slot not free
   std::map<uint64_t, Held> held_;    // the Held ones
+  std::map<uint64_t, Place> leased_; // the Leased ones
   int64_t freed_ = 0;
 };
 

@@ -79,16 +79,13 @@ class EpochSamples:
 
     def __len__(self) -> int:
         c = self._consumer
-        n = c._live().samples_per_epoch
+        core = c._live()
+        n = core.own_samples_per_epoch if self._share else core.samples_per_epoch
         if n < 0:
             raise TypeError(
                 f"the samples per epoch of consumer '{c.name}' are unknown until the "
                 "producer's first epoch ends; pass samples_per_epoch= to the Producer "
                 "(batchcast serve --samples-per-epoch N)")
-        if self._share and c.world_size and c.batch_size:
-            window = c.world_size * c.batch_size
-            rest = n - n // window * window
-            return n // window * c.batch_size + (-(-rest // c.world_size) if rest and not c.drop_last else 0)
         return int(n)
 
     def __getitem__(self, index: Any) -> Any:

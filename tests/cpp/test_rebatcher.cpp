@@ -318,6 +318,9 @@ TEST(Rebatcher, GroupRanksTakeDisjointPartsWithEqualCountsAndPaddedTails) {
                 ASSERT_EQ(got, want) << "W=" << W << " B=" << B << " L=" << L << " N=" << N << " r=" << r
                                      << " drop_last=" << drop_last << " known=" << known;
                 ASSERT_EQ(static_cast<int64_t>(got.size()), reb.batches_for(N));
+                std::size_t taken = 0;
+                for (const auto& b : got) taken += b.size();
+                ASSERT_EQ(static_cast<int64_t>(taken), reb.samples_for(N));  // its share, as len() says
                 for (const auto& b : got) together.insert(b.begin(), b.end());
                 ASSERT_EQ(ring.sink->released.size(), ring.seq);  // every slot back once
                 ASSERT_EQ(reb.position(), N);

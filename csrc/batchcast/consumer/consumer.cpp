@@ -173,6 +173,8 @@ void Consumer::close() {
 
 int64_t Consumer::samples_per_epoch() const { return samples_per_epoch_; }
 
+int64_t Consumer::own_samples_per_epoch() const { return rebatcher_.samples_for(samples_per_epoch_); }
+
 int64_t Consumer::batches_per_epoch() const {
   if (!options_.batch_size) return loader_batches_per_epoch_;
   return rebatcher_.batches_for(samples_per_epoch_);

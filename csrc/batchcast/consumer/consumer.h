@@ -174,6 +174,7 @@ class Consumer {
 
   int64_t samples_per_epoch() const;  // -1 while unknown
   int64_t batches_per_epoch() const;  // -1 while unknown
+  int64_t own_samples_per_epoch() const;  // of those samples, the ones it takes (a group rank: its part)
   // Where this consumer stands, to resume from: (epoch, stream position of
   // the first sample it has not taken). Between epochs, (next epoch, 0); a
   // group's rank before its group is complete, (-1, 0): wherever it starts.

@@ -139,6 +139,15 @@ int64_t Rebatcher::batches_for(int64_t samples) const {
   return samples / window + (samples % window != 0 && !drop_last_ ? 1 : 0);
 }
 
+int64_t Rebatcher::samples_for(int64_t samples) const {
+  if (samples < 0 || !group_) return samples;
+  const int64_t b = *batch_size_;
+  const int64_t window = group_->world * b;
+  const int64_t rest = samples % window;
+  const int64_t tail = rest != 0 && !drop_last_ ? (rest + group_->world - 1) / group_->world : 0;
+  return samples / window * b + tail;
+}
+
 // The stream positions of this consumer's next batch, for an epoch of
 // `samples` samples (-1: unknown, so every window is taken to be whole). Of
 // each window of world * batch_size samples, rank r takes the r-th batch. The

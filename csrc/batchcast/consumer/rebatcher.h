@@ -113,6 +113,9 @@ class Rebatcher {
   int64_t position() const;
   // Batches an epoch of `samples` samples gives (-1 when samples < 0).
   int64_t batches_for(int64_t samples) const;
+  // The samples this consumer takes of an epoch of `samples` (a group rank:
+  // its part, with its share of the padded tail window; -1 when samples < 0).
+  int64_t samples_for(int64_t samples) const;
 
  private:
   struct Range {  // stream positions [begin, end) of the next batch

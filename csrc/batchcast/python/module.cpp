@@ -423,6 +423,8 @@ PYBIND11_MODULE(_C, m) {
            })
       .def_property_readonly("finished", [](BoundConsumer& b) { return b.core->finished(); })
       .def_property_readonly("samples_per_epoch", [](BoundConsumer& b) { return b.core->samples_per_epoch(); })
+      .def_property_readonly("own_samples_per_epoch",
+                             [](BoundConsumer& b) { return b.core->own_samples_per_epoch(); })
       .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
       .def("position", [](BoundConsumer& b) { return b.core->position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")

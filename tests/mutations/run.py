@@ -1,8 +1,9 @@
 """Proves that the tests can fail: builds batchcast with one deliberate bug at
 a time (a mutant) and runs the tests meant to catch it against it — for the
 GPU ring the simulated-device tests (tests/python/test_gpu_rules.py), for the
-slot ledger the tests with real consumer processes. Every mutant must be
-caught: some test must fail. Prints which tests caught which mutant.
+slot ledger the tests with real consumer processes, for the join plan its
+model test (tests/cpp/test_join_plan.cpp). Every mutant must be caught: some
+test must fail. Prints which tests caught which mutant.
 
     python tests/mutations/run.py                   # every mutant, against the tests meant to catch it
     python tests/mutations/run.py --all-tests       # ... against every simulated-device test
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # name: (file, [(original text, mutated text), ...], what the bug is, the tests
 # meant to catch it: a pytest -k expression within test_gpu_rules.py, or within
-# the test file given as a fifth element)
+# the test file given as a fifth element; or a GoogleTest filter for the C++
+# test program given as a fifth element "cpp:NAME")
 MUTANTS = {
     "ready-without-wait": (
         "csrc/batchcast/consumer/mapped_ring.cpp",
@@ -107,7 +110,33 @@ MUTANTS = {
         "keeping_every_batch",
         "test_processes.py",
     ),
+    "join-plan-lets-drop-last-in": (
+        "csrc/batchcast/producer/join_plan.cpp",
+        [("    cuts.push_back(options_.samples_per_epoch);  // what drop_last leaves out stays out\n", "")],
+        "the producer's order lets samples a drop_last epoch leaves out into the blocks it keeps, so a "
+        "consumer that joined mid-epoch gets some samples twice and misses others",
+        "JoinPlan.*",
+        "cpp:test_join_plan",
+    ),
+    "join-plan-keeps-who-left": (
+        "csrc/batchcast/producer/join_plan.cpp",
+        [("void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }",
+          "void JoinPlan::left(uint64_t member) { (void)member; }")],
+        "the join plan keeps ordering epochs by the join position of a consumer that left",
+        "JoinPlan.*",
+        "cpp:test_join_plan",
+    ),
 }
+
+
+def cpp_test(name: str) -> str | None:
+    """The C++ test program a mutant is meant to be caught by, if any."""
+    tests = MUTANTS[name][4] if len(MUTANTS[name]) > 4 else None
+    return tests[len("cpp:"):] if tests and tests.startswith("cpp:") else None
+
+
+def targets_filter(name: str) -> str:
+    return MUTANTS[name][3]
 
 
 def run(cmd, **kw) -> subprocess.CompletedProcess:
@@ -126,6 +155,35 @@ def copy_source(src: Path) -> None:
         shutil.copy2(ROOT / rel, target)
 
 
+def python_tests(name: str, targets: str, tests: str | None, stage: Path, build: Path, work: Path,
+                 args: argparse.Namespace) -> tuple[bool, list[str]]:
+    """Runs a mutant's Python tests against its build: (caught, the tests that failed)."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    shutil.copytree(ROOT / "python" / "batchcast", stage / "batchcast",
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    for so in build.glob("_C*.so"):
+        shutil.copy2(so, stage / "batchcast")
+    report = work / f"{name}.xml"
+    where = "simulated" if args.on == "simulated" else "hardware"  # the runs' ids
+    env = {**os.environ, "PYTHONPATH": f"{stage}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "BATCHCAST_SIMULATED_SEEDS": args.seeds}
+    if tests is None:  # the GPU ring's rules, on the device asked for
+        select, file = where if args.all_tests else f"{where} and ({targets})", "test_gpu_rules.py"
+    else:
+        select, file = "" if args.all_tests else targets, tests
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select,
+         f"--junitxml={report}", str(ROOT / "tests" / "python" / file)],
+        env=env, text=True, capture_output=True, cwd=str(ROOT))
+    failed = []
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            if any(child.tag in ("failure", "error") for child in case):
+                failed.append(case.get("name"))
+    return proc.returncode != 0 and bool(failed), failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", choices=sorted(MUTANTS), help="these mutants only")
@@ -141,7 +199,8 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.work)
     src, build, stage = work / "src", work / "build", work / "stage"
-    names = args.only or list(MUTANTS)
+    names = args.only or [n for n in MUTANTS if args.on == "simulated" or not cpp_test(n)]
+    programs = sorted({p for p in map(cpp_test, names) if p})  # C++ test programs to build
 
     started = time.monotonic()
     copy_source(src)
@@ -152,11 +211,12 @@ def main() -> int:
             if count != 1:
                 print(f"mutant {name}: its original text occurs {count} times in {rel}; update {__file__}")
                 return 1
-    if not (build / "build.ninja").exists():
-        run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-             f"-DPython_EXECUTABLE={sys.executable}", "-DBATCHCAST_BUILD_TESTS=OFF",
-             "-DBATCHCAST_BUILD_EXAMPLES=OFF", *args.cmake_arg], stdout=subprocess.DEVNULL)
-    run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)
+    run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+         f"-DPython_EXECUTABLE={sys.executable}", f"-DBATCHCAST_BUILD_TESTS={'ON' if programs else 'OFF'}",
+         "-DBATCHCAST_BUILD_EXAMPLES=OFF", *args.cmake_arg], stdout=subprocess.DEVNULL)
+    # The Python package, and the C++ test programs asked for.
+    build_targets = ["--target", "_C", "_status", *programs]
+    run(["cmake", "--build", str(build), "-j", args.jobs, *build_targets], stdout=subprocess.DEVNULL)
     print(f"built the unmutated copy in {time.monotonic() - started:.0f} s")
 
     results = []
@@ -171,38 +231,23 @@ def main() -> int:
             for old, new in edits:
                 mutated = mutated.replace(old, new)
             path.write_text(mutated)
-            run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)
-            if stage.exists():
-                shutil.rmtree(stage)
-            shutil.copytree(ROOT / "python" / "batchcast", stage / "batchcast",
-                            ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
-            for so in build.glob("_C*.so"):
-                shutil.copy2(so, stage / "batchcast")
-            report = work / f"{name}.xml"
-            where = "simulated" if args.on == "simulated" else "hardware"  # the runs' ids
-            env = {**os.environ, "PYTHONPATH": f"{stage}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   "BATCHCAST_SIMULATED_SEEDS": args.seeds}
-            if tests is None:  # the GPU ring's rules, on the device asked for
-                select, file = where if args.all_tests else f"{where} and ({targets})", "test_gpu_rules.py"
+            run(["cmake", "--build", str(build), "-j", args.jobs, *build_targets], stdout=subprocess.DEVNULL)
+            program = cpp_test(name)
+            if program is not None:  # a C++ test program: caught when it fails
+                proc = subprocess.run([str(build / program), f"--gtest_filter={targets}"],
+                                      text=True, capture_output=True)
+                failed = sorted(set(re.findall(r"^\[  FAILED  \] (\w+\.\w+)", proc.stdout, re.M)))
+                caught = proc.returncode != 0
             else:
-                select, file = "" if args.all_tests else targets, tests
-            proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select,
-                 f"--junitxml={report}", str(ROOT / "tests" / "python" / file)],
-                env=env, text=True, capture_output=True, cwd=str(ROOT))
-            failed = []
-            if report.exists():
-                for case in ET.parse(report).getroot().iter("testcase"):
-                    if any(child.tag in ("failure", "error") for child in case):
-                        failed.append(case.get("name"))
-            results.append((name, what, proc.returncode != 0 and bool(failed), failed, time.monotonic() - t0))
+                caught, failed = python_tests(name, targets, tests, stage, build, work, args)
+            results.append((name, what, caught, failed, time.monotonic() - t0))
         finally:
             path.write_text(pristine)
-        caught = "CAUGHT" if results[-1][2] else "SURVIVED"
-        print(f"{caught:8s} {name} ({results[-1][4]:.0f} s): {what}", flush=True)
+        caught_text = "CAUGHT" if results[-1][2] else "SURVIVED"
+        print(f"{caught_text:8s} {name} ({results[-1][4]:.0f} s): {what}", flush=True)
         for test in results[-1][3]:
             print(f"           failed: {test}")
-    run(["cmake", "--build", str(build), "-j", args.jobs], stdout=subprocess.DEVNULL)  # back to pristine
+    run(["cmake", "--build", str(build), "-j", args.jobs, *build_targets], stdout=subprocess.DEVNULL)  # back to pristine
     survived = [r[0] for r in results if not r[2]]
     print(f"{len(results) - len(survived)} of {len(results)} mutants caught"
           + (f"; SURVIVED: {', '.join(survived)}" if survived else "")

@@ -907,3 +907,30 @@ TEST(Membership, ARingThatCannotMoveEvictsTheConsumerKeepingBatches) {
   h.release("keeper", {s1});
   EXPECT_EQ(h.freed.count(s1), 1u);
 }
+
+// A loader batch that spans where a late joiner's epochs begin (the loader's
+// batches moved) ends that consumer's epochs alone, with the reason; the
+// producer and every other consumer go on.
+TEST(Membership, ABatchSpanningWhereALateJoinersEpochsBeginFailsItAlone) {
+  Harness h(any_time(12, 3));  // batches of 4
+  h.hello("whole", 10);
+  h.begin(0);
+  h.batch(4);
+  join_now(h, "late", 11);  // its epochs begin at sample 4
+  h.batch(4);
+  h.batch(4);
+  h.end();
+  h.begin(1);
+  const uint64_t moved = h.batch(6);  // samples 0..5 of epoch 1: spans 4
+  const auto failed = h.of<protocol::LoaderFailed>("late");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].message.find("spans sample 4"), std::string::npos) << failed[0].message;
+  EXPECT_EQ(failed[0].epoch, 0);
+  EXPECT_EQ(h.seqs("late").back(), h.seqs("late").at(1));  // it was not sent the batch
+  EXPECT_EQ(h.seqs("whole").back(), moved);                // the others were
+  h.batch(6);
+  h.end();
+  EXPECT_EQ(h.of<protocol::EpochEnd>("whole").size(), 2u);
+  EXPECT_EQ(h.m.consumers().size(), 2u);
+  EXPECT_TRUE(h.m.consumers().at(1).leaving || h.m.consumers().at(0).leaving);
+}

@@ -3,7 +3,7 @@ script. Yields the producer's batches rebatched to this consumer's size."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from ._core import _C
 from ._device import parse_device
@@ -67,6 +67,44 @@ def _group_of(group: str | None, rank: int | None, world_size: int | None,
     if batch_size is None:
         raise ValueError("a consumer group needs batch_size= (each rank's batch size)")
     return group, rank, world_size
+
+
+def _padding_of(pad: Any, multiple_of: Any, batch_size: int | None
+                ) -> tuple[dict[str, float], float | None, int] | None:
+    """The core's padding (leaves by their keys joined, a value for all, the
+    multiple), from Consumer's ``pad`` and ``pad_to_multiple_of``."""
+    if pad is None:
+        if multiple_of is not None:
+            raise ValueError("pad_to_multiple_of needs pad= (the value padded positions get)")
+        return None
+    if batch_size is None:
+        raise ValueError(
+            "pad= re-pads samples that one batch of this consumer joins from several loader batches; "
+            "without batch_size= the loader's batches arrive as they are, padded as the loader made "
+            "them: give a batch_size, or leave pad out")
+    if multiple_of is None:
+        multiple_of = 1
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be a positive int, not {multiple_of!r}")
+
+    def number(value: Any, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{what} must be a number (the value padded positions get), not {value!r}")
+        return float(value)
+
+    if not isinstance(pad, Mapping):
+        return {}, number(pad, "pad"), multiple_of
+    leaves: dict[str, float] = {}
+    for key, value in pad.items():
+        keys = key if isinstance(key, tuple) else (key,)
+        if not keys or any(isinstance(k, bool) or not isinstance(k, (str, int)) for k in keys):
+            raise TypeError(
+                f"pad's keys name leaves of the batch: a key of its dict (or a position in its tuple), "
+                f"or a tuple of those for a leaf deeper inside, not {key!r}")
+        leaves["\x1f".join(str(k) for k in keys)] = number(value, f"pad[{key!r}]")
+    if not leaves:
+        raise ValueError("pad={} declares no leaf: name the leaves to pad, or pass one value for all")
+    return leaves, None, multiple_of
 
 
 class EpochSamples:
@@ -183,6 +221,18 @@ class Consumer:
     leaves or is evicted, every other rank's next ``next()`` of that epoch
     raises ``batchcast.GroupError``.
 
+    ``pad`` re-pads samples of variable length (speech, text, clips): where
+    one batch of this consumer joins loader batches that the loader padded to
+    different lengths, each leaf named in ``pad`` is padded on the trailing
+    side of each dimension its samples differ in to the largest among them,
+    with that leaf's value (``pad={"input_ids": 0, "attention_mask": 0,
+    "labels": -100}``; a tuple of keys names a leaf deeper inside; one number
+    pads every leaf). ``pad_to_multiple_of`` rounds those dimensions up. Samples
+    keep their values (the loader's own padding included); a batch of one
+    loader batch's samples stays a view, a re-padded one is one copy
+    (``stats()["repadded"]`` counts them). A leaf whose shapes differ and that
+    ``pad`` does not name raises ``batchcast.RebatchError`` saying so.
+
     ``state_dict()`` is where the consumer stands (epoch, and position in the
     producer's stream), as torchdata's ``StatefulDataLoader`` has it;
     ``Consumer(..., state=saved)`` or ``load_state_dict(saved)`` continues from
@@ -212,6 +262,8 @@ class Consumer:
         past_last_epoch: str = "raise",
         writable: bool = False,
         shared_gpu_views: bool = False,
+        pad: float | Mapping[Any, float] | None = None,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
@@ -226,6 +278,7 @@ class Consumer:
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.group, self.rank, self.world_size = _group_of(group, rank, world_size, batch_size)
+        self._padding = _padding_of(pad, pad_to_multiple_of, batch_size)
         placement, cuda_device = _C.Placement.AUTO, -1
         if device is not None:
             kind, cuda_device = parse_device(device, "device")
@@ -255,6 +308,16 @@ class Consumer:
         self._connect(state)
 
     def _connect(self, state: dict[str, Any] | None) -> None:
+        core = self._open(state)
+        if self._padding is not None:
+            try:
+                core.set_padding(*self._padding)
+            except BaseException:
+                core.close()
+                raise
+        self._core = core
+
+    def _open(self, state: dict[str, Any] | None) -> _C.Consumer:
         resume: _Resume = {}
         if state is not None:
             self._check_state(state)
@@ -270,7 +333,7 @@ class Consumer:
                 f"this state was saved from a consumer of another loader ({state['loader']!r}); "
                 f"producer '{self.name}' serves {loader!r}. Restore it against the loader it "
                 "was saved from")
-        self._core = core
+        return core
 
     def _check_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:

@@ -381,3 +381,70 @@ TEST(Rebatcher, AGroupPositionIsWhereItsNextWindowStarts) {
   EXPECT_FALSE(r.flush(12));
   EXPECT_EQ(r.position(), 12);
 }
+
+// Samples of variable length: loader batches padded (with 0) to their own
+// longest; a consumer batch joining two of different widths gets that leaf
+// padded to the widest (rounded up), values and the loader's own padding
+// kept, the pad value after; one inside a loader batch stays a view.
+TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredValue) {
+  std::vector<int64_t> memory(4096, 0);
+  auto sink = std::make_shared<CountingSink>();
+  uint64_t offset = 0, seq = 0;
+  int64_t next = 0;
+  auto make = [&](int64_t n, int64_t width) {  // row i: 100*id + 1.. for 1 + id % width values, then 0
+    Announcement a;
+    a.index = static_cast<int64_t>(seq);
+    a.seq = ++seq;
+    a.samples = n;
+    a.position = next;
+    a.layout = "L";
+    for (int64_t r = 0; r < n; ++r, ++next) {
+      for (int64_t c = 0; c < 1 + next % width; ++c) memory[offset / 8 + r * width + c] = 100 * next + c + 1;
+    }
+    a.leaves.push_back(TensorLeaf{DType::Int64, {n, width}, offset});
+    offset += static_cast<uint64_t>(n * width) * 8;
+    return LoaderBatch{a, reinterpret_cast<const std::byte*>(memory.data()), std::make_shared<ReleaseToken>(a.seq, sink)};
+  };
+  for (int64_t multiple : {1, 4}) {
+    Rebatcher r(3, false);
+    Padding padding;
+    padding.all = -1;
+    padding.multiple_of = multiple;
+    r.set_padding(padding);
+    r.begin_epoch(6);
+    r.push(make(2, 3));  // ids 0, 1: width 3
+    r.push(make(4, 5));  // ids 2..5: width 5
+    auto first = r.pop();  // ids 0, 1, 2: joins widths 3 and 5
+    auto second = r.pop();  // ids 3, 4, 5: inside the second loader batch
+    ASSERT_TRUE(first && second);
+    const at::Tensor a = std::get<at::Tensor>(first->leaves[0]);
+    const int64_t width = multiple == 1 ? 5 : 8;
+    ASSERT_EQ(a.sizes(), (std::vector<int64_t>{3, width}));
+    for (int64_t id = 0; id < 3; ++id) {
+      const int64_t loader_width = id < 2 ? 3 : 5;
+      for (int64_t c = 0; c < width; ++c) {
+        const int64_t want = c < 1 + id % loader_width ? 100 * id + c + 1 : c < loader_width ? 0 : -1;
+        EXPECT_EQ(a[id][c].item<int64_t>(), want) << "id " << id << " column " << c;
+      }
+    }
+    EXPECT_EQ(std::get<at::Tensor>(second->leaves[0]).sizes(), (std::vector<int64_t>{3, 5}));
+    EXPECT_EQ(r.stats().repadded, 1);
+    EXPECT_EQ(r.stats().views, 1);  // the second batch
+    EXPECT_EQ(r.last_batch_views(), std::vector<bool>{true});
+    next = 0;
+  }
+  // Undeclared: the error says how to declare it.
+  Rebatcher plain(3, false);
+  plain.begin_epoch(6);
+  plain.push(make(2, 3));
+  plain.push(make(4, 5));
+  try {
+    plain.pop();
+    ADD_FAILURE() << "no error";
+  } catch (const RebatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("declare its pad value"), std::string::npos) << e.what();
+  }
+  Padding bad;
+  bad.multiple_of = 0;
+  EXPECT_THROW(plain.set_padding(bad), InvalidArgument);
+}

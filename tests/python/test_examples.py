@@ -278,6 +278,20 @@ def test_sweep_script(runtime_dir, tmp_path):
     assert os.listdir(runtime_dir) == []
 
 
+def test_speech_sweep_trials_of_three_batch_sizes_get_every_utterance_repadded(runtime_dir, tmp_path):
+    out = run_script(tmp_path, [str(EXAMPLES / "speech_sweep.py"), "--trials", "3", "--epochs", "2",
+                                "--utterances", "96"])
+    row = re.compile(r"^\s+(\d+)\s+[0-9.]+\s+(True|False)\s+(\d+)\s+[0-9.na-]+$")
+    rows = [row.match(line) for line in out.splitlines() if row.match(line)]
+    assert len(rows) == 6, out  # 3 trials shared, 3 with their own loader
+    assert all(r.group(2) == "True" for r in rows), out
+    assert sorted(int(r.group(1)) for r in rows[:3]) == [8, 12, 20], out
+    # Batches of 12 and 20 join loader batches of 16 of different lengths: re-padded.
+    assert sum(int(r.group(3)) for r in rows[:3]) > 0, out
+    assert "one shared producer" in out and "a DataLoader each" in out, out
+    assert os.listdir(runtime_dir) == []
+
+
 def test_sweep_optuna(runtime_dir, tmp_path):
     pytest.importorskip("optuna", reason="the Optuna sweep needs optuna (pip install optuna)")
     out = run_script(tmp_path, [str(EXAMPLES / "sweep_optuna.py"), *SMALL])

@@ -608,6 +608,7 @@ ConsumerStats Consumer::stats() const {
   s.views = rebatcher_.stats().views;
   s.copies = rebatcher_.stats().copies;
   s.spills = rebatcher_.stats().spills;
+  s.repadded = rebatcher_.stats().repadded;
   s.private_copies = private_copies_;
   s.batch_copies = batch_copies_;
   s.slots_held = c.slots_held;

@@ -117,6 +117,7 @@ struct ConsumerOptions {
   X(int64_t, views, 0)            /* tensors that are views of shared memory */              \
   X(int64_t, copies, 0)           /* tensors concatenated across a ring wrap or a spill */   \
   X(int64_t, spills, 0)           /* times pending samples were copied out of the ring */    \
+  X(int64_t, repadded, 0)         /* batches with a leaf re-padded (one copy of it each) */  \
   X(int64_t, private_copies, 0)   /* loader batches copied: kept batches pinned our share */ \
   /* batches handed out as private copies of shared memory (writable, or GPU     */          \
   /* batches without shared_gpu_views)                                            */         \
@@ -171,6 +172,9 @@ class Consumer {
   std::optional<Batch> next();
   // True once the producer said it serves no more epochs and this one is empty.
   bool finished() const { return life_.finished(); }
+  // How samples of variable length are joined (rebatcher.h); before the first
+  // batch. Throws InvalidArgument (a leaf it names is checked at the first batch).
+  void set_padding(Padding padding) { rebatcher_.set_padding(std::move(padding)); }
 
   int64_t samples_per_epoch() const;  // -1 while unknown
   int64_t batches_per_epoch() const;  // -1 while unknown

@@ -244,6 +244,41 @@ bool find_leaf(const Node& n, const std::string& index, const std::string& path,
   return false;
 }
 
+// The keys to leaf `index` under n, each as its text and as Python shows it.
+bool find_keys(const Node& n, const std::string& index, std::vector<std::pair<std::string, std::string>>& keys) {
+  const std::string t = tag_of(n);
+  if (t == "T" || t == "S") return n.items[1].text == index;
+  auto below = [&](const Node& child, std::string text, std::string python) {
+    keys.emplace_back(std::move(text), std::move(python));
+    if (find_keys(child, index, keys)) return true;
+    keys.pop_back();
+    return false;
+  };
+  if (t == "d") {
+    for (std::size_t i = 0; i < n.items[1].items.size(); ++i) {
+      const Node& key = n.items[1].items[i];
+      if (below(n.items[2].items[i], key.text, shown(key))) return true;
+    }
+  } else if (t == "t" || t == "l") {
+    for (std::size_t i = 0; i < n.items[1].items.size(); ++i) {
+      if (below(n.items[1].items[i], std::to_string(i), std::to_string(i))) return true;
+    }
+  } else if (t == "n") {
+    for (std::size_t i = 0; i < n.items[4].items.size(); ++i) {
+      const std::string& field = n.items[3].items[i].text;
+      if (below(n.items[4].items[i], field, shown(n.items[3].items[i]))) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, std::string>> keys_of(const std::string& layout, std::size_t index) {
+  std::vector<std::pair<std::string, std::string>> keys;
+  auto tree = Reader(layout).read();
+  if (!tree || !find_keys(*tree, std::to_string(index), keys)) keys.clear();
+  return keys;
+}
+
 std::string clipped(const std::string& s) { return s.size() <= 200 ? s : s.substr(0, 200) + "..."; }
 
 }  // namespace
@@ -254,6 +289,26 @@ std::optional<std::string> describe_change(const std::string& before, const std:
   auto b = Reader(after).read();
   if (!a || !b) return "its structure description changed from " + clipped(before) + " to " + clipped(after);
   return diff(*a, *b, "batch");
+}
+
+std::vector<std::string> leaf_keys(const std::string& layout, std::size_t index) {
+  std::vector<std::string> out;
+  for (auto& [text, python] : keys_of(layout, index)) out.push_back(text);
+  return out;
+}
+
+std::string leaf_key(const std::string& layout, std::size_t index) {
+  const auto keys = keys_of(layout, index);
+  if (keys.size() == 1) return keys[0].second;
+  std::string out = "(";
+  for (std::size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i].second;
+  return out + (keys.size() == 1 ? ",)" : ")");
+}
+
+std::string joined_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (std::size_t i = 0; i < keys.size(); ++i) out += (i ? "\x1f" : "") + keys[i];
+  return out;
 }
 
 std::string leaf_path(const std::string& layout, std::size_t index) {

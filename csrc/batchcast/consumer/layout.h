@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace batchcast::layout {
 
@@ -19,5 +20,14 @@ std::optional<std::string> describe_change(const std::string& before, const std:
 // Where leaf `index` (a tensor or a per-sample list) sits in the structure
 // ("batch['image']"), or "leaf <index>" when the layout does not say.
 std::string leaf_path(const std::string& layout, std::size_t index);
+
+// The keys that lead to leaf `index` from the batch: dict keys, positions in
+// a tuple or list, a named tuple's field names, each as its text; none for a
+// batch that is the leaf itself (or a layout that does not say).
+std::vector<std::string> leaf_keys(const std::string& layout, std::size_t index);
+// The same keys as a user writes them in Python: 'image', 0, ('inputs', 'ids').
+std::string leaf_key(const std::string& layout, std::size_t index);
+// Keys joined into one text, as Padding names leaves.
+std::string joined_keys(const std::vector<std::string>& keys);
 
 }  // namespace batchcast::layout

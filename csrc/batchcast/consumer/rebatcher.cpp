@@ -98,6 +98,51 @@ Rebatcher::Rebatcher(std::optional<int64_t> batch_size, bool drop_last, std::opt
   }
 }
 
+void Rebatcher::set_padding(Padding padding) {
+  if (padding.multiple_of < 1) throw InvalidArgument("pad_to_multiple_of must be a positive int");
+  padding_ = std::move(padding);
+  padded_layout_.clear();
+  pad_values_.clear();
+}
+
+// Worked out once per structure of the loader's batches; the leaves the
+// padding names are checked against it here.
+const std::vector<std::optional<double>>& Rebatcher::pad_values(const protocol::Announcement& a) {
+  if (!pad_values_.empty() && padded_layout_ == a.layout) return pad_values_;
+  std::vector<std::optional<double>> values(a.leaves.size());
+  std::string keys;  // every leaf's, as a user writes them
+  std::map<std::string, std::size_t> leaf_of;
+  for (std::size_t j = 0; j < a.leaves.size(); ++j) {
+    keys += (keys.empty() ? "" : ", ") + layout::leaf_key(a.layout, j);
+    leaf_of[layout::joined_keys(layout::leaf_keys(a.layout, j))] = j;
+    if (padding_.all && std::holds_alternative<protocol::TensorLeaf>(a.leaves[j])) values[j] = padding_.all;
+  }
+  for (const auto& [joined, value] : padding_.leaves) {
+    auto it = leaf_of.find(joined);
+    std::string path = joined;  // as the user named it, for the message
+    for (auto& c : path) c = c == '\x1f' ? '/' : c;
+    if (it == leaf_of.end()) {
+      throw InvalidArgument("pad names " + path + ", which is not a leaf of the loader's batches (their leaves: " +
+                            keys + "); name a leaf by its key in the batch's dict, or by a tuple of keys for "
+                            "one deeper inside");
+    }
+    path = layout::leaf_path(a.layout, it->second);
+    const auto* t = std::get_if<protocol::TensorLeaf>(&a.leaves[it->second]);
+    if (t == nullptr) {
+      throw InvalidArgument("pad names " + path + ", which is a list of values per sample, not a tensor: "
+                            "nothing to pad; remove it from pad=");
+    }
+    if (t->shape.size() < 2) {
+      throw InvalidArgument("pad names " + path + ", whose samples are single values (shape " +
+                            shape_text(t->shape) + " per sample): nothing to pad; remove it from pad=");
+    }
+    values[it->second] = value;
+  }
+  padded_layout_ = a.layout;
+  pad_values_ = std::move(values);
+  return pad_values_;
+}
+
 std::vector<uint64_t> Rebatcher::pending_slots() const {
   std::vector<uint64_t> out;
   for (const LoaderBatch& b : pending_) {
@@ -352,46 +397,95 @@ Batch Rebatcher::take(int64_t n) {
   for (std::size_t k = 1; k < pieces.size(); ++k) {
     check_same_structure(pieces[k - 1].batch->announcement, pieces[k].batch->announcement);
   }
+  const std::vector<std::optional<double>>& pad_of = pad_values(first);
+  bool repadded = false;
   for (std::size_t j = 0; j < first.leaves.size(); ++j) {
     if (const auto* t0 = std::get_if<protocol::TensorLeaf>(&first.leaves[j])) {
       const uint64_t elem = protocol::element_size(t0->dtype);
-      uint64_t row = elem;
-      for (std::size_t d = 1; d < t0->shape.size(); ++d) row *= static_cast<uint64_t>(t0->shape[d]);
+      auto row_of = [&](const protocol::TensorLeaf& t) {
+        uint64_t row = elem;
+        for (std::size_t d = 1; d < t.shape.size(); ++d) row *= static_cast<uint64_t>(t.shape[d]);
+        return row;
+      };
       bool any_spilled = false;
       auto start_of = [&](const Piece& p) {
         const auto& t = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]);
         const std::byte* first_row =
             p.batch->spilled() ? static_cast<const std::byte*>(p.batch->owned[j].data_ptr())
                                : p.batch->base + t.offset;
-        return const_cast<std::byte*>(first_row + static_cast<uint64_t>(p.start) * row);
+        return const_cast<std::byte*>(first_row + static_cast<uint64_t>(p.start) * row_of(t));
       };
       for (const Piece& p : pieces) any_spilled |= p.batch->spilled();
       bool contiguous = true;
+      bool same_shape = true;
       const std::byte* expect = nullptr;
       for (const Piece& p : pieces) {
         const auto& t = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]);
-        if (t.dtype != t0->dtype ||
-            !std::equal(t.shape.begin() + 1, t.shape.end(), t0->shape.begin() + 1, t0->shape.end())) {
+        const bool same = std::equal(t.shape.begin() + 1, t.shape.end(), t0->shape.begin() + 1, t0->shape.end());
+        const bool paddable = pad_of[j].has_value() && t.shape.size() == t0->shape.size();
+        if (t.dtype != t0->dtype || (!same && !paddable)) {
+          const std::string key = layout::leaf_key(first.layout, j);
           throw RebatchError(
               "cannot rebatch " + layout::leaf_path(first.layout, j) + ": loader batch " +
               std::to_string(first.index) + " of epoch " + std::to_string(first.epoch) +
               " has samples of shape " + shape_text(t0->shape) + " " + protocol::dtype_name(t0->dtype) +
               " but loader batch " + std::to_string(p.batch->announcement.index) + " has " +
               shape_text(t.shape) + " " + protocol::dtype_name(t.dtype) +
-              ", and one consumer batch takes samples of both; make every sample of a leaf the same "
-              "shape and dtype (pad them in the collate_fn), or use batch_size=None to receive the "
-              "loader's batches as they are");
+              ", and one consumer batch takes samples of both; " +
+              (t.dtype != t0->dtype || t.shape.size() != t0->shape.size()
+                   ? std::string("make every sample of a leaf the same dtype and number of dimensions, or use "
+                                 "batch_size=None to receive the loader's batches as they are")
+                   : "declare its pad value, Consumer(..., pad={" + key +
+                         ": 0}), to have it padded to its longest sample in each batch; or pad every sample to "
+                         "one shape in the collate_fn, or use batch_size=None to receive the loader's batches "
+                         "as they are"));
         }
+        same_shape = same_shape && same;
         if (expect != nullptr && start_of(p) != expect) contiguous = false;
-        expect = start_of(p) + static_cast<uint64_t>(p.count) * row;
+        expect = start_of(p) + static_cast<uint64_t>(p.count) * row_of(t);
+      }
+      const c10::Device device = pieces.front().batch->device;
+      auto options = at::TensorOptions().dtype(from_wire(t0->dtype)).device(device);
+      auto piece_tensor = [&](const Piece& p) {
+        if (p.batch->spilled()) return p.batch->owned[j].narrow(0, p.start, p.count);
+        std::vector<int64_t> shape = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]).shape;
+        shape[0] = p.count;  // borrowed, copied below
+        return at::from_blob(start_of(p), shape, [](void*) {}, options, p.batch->device);
+      };
+      if (!same_shape) {  // each piece into the leading corner of one padded batch
+        // The dimensions its samples differ in: to the largest, rounded up
+        // (one they share, such as a feature count, stays as it is).
+        std::vector<int64_t> shape = t0->shape;
+        std::vector<bool> varies(shape.size(), false);
+        for (const Piece& p : pieces) {
+          const auto& t = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]);
+          for (std::size_t d = 1; d < shape.size(); ++d) {
+            varies[d] = varies[d] || t.shape[d] != shape[d];
+            shape[d] = std::max(shape[d], t.shape[d]);
+          }
+        }
+        const int64_t m = padding_.multiple_of;
+        for (std::size_t d = 1; d < shape.size(); ++d) shape[d] = varies[d] ? (shape[d] + m - 1) / m * m : shape[d];
+        shape[0] = n;
+        at::Tensor padded = at::full(shape, *pad_of[j], options);
+        int64_t at_row = 0;
+        for (const Piece& p : pieces) {
+          at::Tensor src = piece_tensor(p);
+          at::Tensor dst = padded.narrow(0, at_row, p.count);
+          for (int64_t d = 1; d < src.dim(); ++d) dst = dst.narrow(d, 0, src.size(d));
+          dst.copy_(src);
+          at_row += p.count;
+        }
+        out.leaves.emplace_back(std::move(padded));
+        stats_.copies += 1;
+        repadded = true;
+        continue;
       }
       // A view holds every slot it spans while the trainer has it: wider than
       // what this consumer may hold pending, it could take the flow's whole
       // room (a small ring, small loader batches): one copy instead.
       if (static_cast<int64_t>(pieces.size()) > max_pending_ + 1) contiguous = false;
       std::vector<int64_t> shape = t0->shape;
-      const c10::Device device = pieces.front().batch->device;
-      auto options = at::TensorOptions().dtype(from_wire(t0->dtype)).device(device);
       if (pieces.size() == 1 && any_spilled) {  // spilled samples: a view of the private copy
         out.leaves.emplace_back(
             pieces[0].batch->owned[j].narrow(0, pieces[0].start, pieces[0].count));
@@ -406,14 +500,7 @@ Batch Rebatcher::take(int64_t n) {
         last_views_[j] = true;
       } else {
         std::vector<at::Tensor> parts;
-        for (const Piece& p : pieces) {
-          shape[0] = p.count;
-          if (p.batch->spilled()) {
-            parts.push_back(p.batch->owned[j].narrow(0, p.start, p.count));
-          } else {  // borrowed, copied below
-            parts.push_back(at::from_blob(start_of(p), shape, [](void*) {}, options, p.batch->device));
-          }
-        }
+        for (const Piece& p : pieces) parts.push_back(piece_tensor(p));
         out.leaves.emplace_back(at::cat(parts));
         stats_.copies += 1;
       }
@@ -430,6 +517,7 @@ Batch Rebatcher::take(int64_t n) {
     }
   }
 
+  stats_.repadded += repadded ? 1 : 0;
   // Advance past what was handed out; fully used loader batches drop their token.
   if (n == 0) pending_.pop_front();  // an empty loader batch, forwarded
   int64_t left = n;

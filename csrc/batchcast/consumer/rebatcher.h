@@ -2,15 +2,20 @@
 // consumer's own size, exactly once and in order. A consumer batch whose
 // samples lie back to back in the ring is a view of shared memory; one that
 // straddles a wrap of the ring is a single copy. Without a batch size it
-// forwards each loader batch as it is.
+// forwards each loader batch as it is. Samples of variable length (each
+// loader batch padded to its own longest) are re-padded when one consumer
+// batch joins loader batches whose padded shapes differ, for the leaves a
+// pad value is declared for (Padding): one copy of that batch.
 #pragma once
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "batchcast/common/batch.h"
@@ -62,9 +67,24 @@ struct LoaderBatch {
 };
 
 struct RebatchStats {
-  int64_t views = 0;   // tensors handed out as views of shared memory
-  int64_t copies = 0;  // tensors that had to be concatenated
-  int64_t spills = 0;  // pending samples copied out to free ring slots
+  int64_t views = 0;     // tensors handed out as views of shared memory
+  int64_t copies = 0;    // tensors that had to be concatenated (or re-padded)
+  int64_t spills = 0;    // pending samples copied out to free ring slots
+  int64_t repadded = 0;  // batches with a leaf re-padded to its samples' longest
+};
+
+// How leaves whose samples differ in shape between loader batches are
+// joined into one consumer batch: padded on the trailing side of each
+// dimension they differ in to the largest among its samples (rounded up to a
+// multiple of `multiple_of`), with the leaf's pad value. Samples keep their
+// values; the loader's own padding inside a loader batch stays as it was.
+struct Padding {
+  // By the keys that lead to the leaf (dict keys, positions, field names as
+  // text; layout::joined_keys): {"input_ids"}, {"inputs", "ids"}, {"0"}.
+  std::map<std::string, double> leaves;
+  std::optional<double> all;  // for every leaf not named
+  int64_t multiple_of = 1;
+  bool any() const { return all.has_value() || !leaves.empty(); }
 };
 
 // A rank of a consumer group: of each `world` * batch_size consecutive
@@ -86,6 +106,10 @@ class Rebatcher {
   // ring is finite, can always make progress whatever the batch sizes.
   void set_max_pending(int64_t slots) { max_pending_ = slots; }
   int64_t max_pending() const { return max_pending_; }
+  // Throws InvalidArgument for a multiple_of below 1. The leaves it names are
+  // checked against the first batch's structure (a path that is no tensor
+  // leaf with a dimension to pad is an InvalidArgument then).
+  void set_padding(Padding padding);
 
   // A new epoch of `samples` samples (-1: not known yet), whose stream
   // positions before `skip` this consumer does not take (it resumes there).
@@ -132,6 +156,8 @@ class Rebatcher {
   bool waiting() const;  // pending samples that cannot make a batch yet
   Batch take(int64_t n);
   void spill();
+  // The pad value of each leaf of batches laid out as `layout` (none: not padded).
+  const std::vector<std::optional<double>>& pad_values(const protocol::Announcement& a);
 
   std::optional<int64_t> batch_size_;
   bool drop_last_;
@@ -150,6 +176,9 @@ class Rebatcher {
   std::vector<LoaderBatch> head_;  // a group's first samples of the epoch, for padding
   int64_t head_samples_ = 0;
   RebatchStats stats_;
+  Padding padding_;
+  std::string padded_layout_;  // the layout pad_values_ is for
+  std::vector<std::optional<double>> pad_values_;
 };
 
 }  // namespace batchcast

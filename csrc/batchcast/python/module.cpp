@@ -426,6 +426,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("own_samples_per_epoch",
                              [](BoundConsumer& b) { return b.core->own_samples_per_epoch(); })
       .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
+      .def("set_padding",
+           [](BoundConsumer& b, std::map<std::string, double> leaves, std::optional<double> all,
+              int64_t multiple_of) {
+             b.core->set_padding(Padding{std::move(leaves), all, multiple_of});
+           },
+           py::arg("leaves"), py::arg("all") = py::none(), py::arg("multiple_of") = 1,
+           "How leaves of samples of variable length are padded when one batch joins loader batches "
+           "(leaves: joined keys -> pad value)")
       .def("position", [](BoundConsumer& b) { return b.core->position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")
       .def("stats",

@@ -6,8 +6,10 @@ with a DataLoader each, doing the decoding and the features themselves.
 
     python examples/speech_sweep.py [--trials 3] [--epochs 2] [--utterances 256] [--no-compare]
 
-The utterances are WAV files (16 kHz, 16-bit) written to a temporary folder
-first: tones of four pitches (the label) in noise, 0.4 to 2 s long. The
+The utterances are WAV files (44.1 kHz, 16-bit) written to a temporary folder
+first: tones of four pitches (the label) in noise, 0.4 to 2 s long; a
+worker reads one, resamples it to 16 kHz (an anti-aliasing filter, then
+interpolation) and computes 40 log-mel bands every 10 ms. The
 loader's collate_fn pads each loader batch to its longest utterance, with a
 mask, as a collate for sequences does; a trial declares how its own batches
 are re-padded: ``bc.Consumer(name, batch_size=B, pad={"features": 0.0,
@@ -35,7 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import batchcast as bc
 
-RATE = 16000
+SOURCE_RATE = 44100  # the files'
+RATE = 16000  # the features'
+TAPS = 31  # the anti-aliasing filter's (short: an example)
 N_FFT, HOP, MELS = 400, 160, 40  # 25 ms windows every 10 ms, 40 mel bands
 CLASSES = 4
 BATCH_SIZES = [8, 12, 20, 32]
@@ -44,28 +48,36 @@ LEARNING_RATES = [0.5, 0.2, 0.1, 0.05]
 
 # ---- the data: what the producer's workers do once for every trial ----------
 
-def utterance_samples(index: int) -> int:
-    """Length of utterance `index` in samples (0.4 to 2 s)."""
-    return int(RATE * (0.4 + 1.6 * ((index * 7919) % 1000) / 1000))
+def seconds(index: int) -> float:
+    """Length of utterance `index` (0.4 to 2 s)."""
+    return 0.4 + 1.6 * ((index * 7919) % 1000) / 1000
+
+
+def utterance_samples(index: int, rate: int = RATE) -> int:
+    return int(rate * seconds(index))
 
 
 def frames(index: int) -> int:
-    """Its log-mel frames (torch.stft with center=True)."""
-    return 1 + utterance_samples(index) // HOP
+    """Its log-mel frames (torch.stft with center=True) at 16 kHz."""
+    return 1 + resampled_length(utterance_samples(index, SOURCE_RATE)) // HOP
+
+
+def resampled_length(n: int) -> int:
+    return n * RATE // SOURCE_RATE
 
 
 def write_wavs(folder: Path, count: int) -> None:
     g = torch.Generator().manual_seed(0)
     for i in range(count):
-        n = utterance_samples(i)
-        t = torch.arange(n) / RATE
+        n = utterance_samples(i, SOURCE_RATE)
+        t = torch.arange(n) / SOURCE_RATE
         tone = torch.sin(2 * math.pi * 220 * (1 + i % CLASSES) * t)
         audio = 0.5 * tone + 0.1 * torch.randn(n, generator=g)
         pcm = (audio.clamp(-1, 1) * 32767).to(torch.int16)
         with wave.open(str(folder / f"{i:05d}.wav"), "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)
-            w.setframerate(RATE)
+            w.setframerate(SOURCE_RATE)
             w.writeframes(pcm.numpy().tobytes())
 
 
@@ -83,8 +95,25 @@ def mel_filterbank(bins: int, mels: int, rate: int) -> torch.Tensor:
     return torch.clamp(torch.minimum((hz - lower) / (center - lower), (upper - hz) / (upper - center)), min=0)
 
 
+def lowpass(cutoff: float, taps: int) -> torch.Tensor:
+    """A windowed-sinc low-pass filter (cutoff as a fraction of the sample rate)."""
+    t = torch.arange(taps) - (taps - 1) / 2
+    return (2 * cutoff * torch.sinc(2 * cutoff * t) * torch.hamming_window(taps, periodic=False)).view(1, 1, -1)
+
+
+def resample(audio: torch.Tensor) -> torch.Tensor:
+    """44.1 kHz to 16 kHz: filter below the new Nyquist frequency, then interpolate."""
+    filtered = torch.nn.functional.conv1d(audio.view(1, 1, -1), FILTER, padding=TAPS // 2)
+    return torch.nn.functional.interpolate(filtered, size=resampled_length(audio.numel()), mode="linear",
+                                           align_corners=False).view(-1)
+
+
+FILTER = lowpass(0.45 * RATE / SOURCE_RATE, TAPS)
+
+
 class Utterances(Dataset):
-    """Reads a WAV file and turns it into log-mel frames: (features [T, 40], label, index)."""
+    """Reads a WAV file, resamples it and turns it into log-mel frames:
+    (features [T, 40], label, index)."""
 
     def __init__(self, folder: Path, count: int) -> None:
         self.folder, self.count = folder, count
@@ -97,7 +126,7 @@ class Utterances(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         with wave.open(str(self.folder / f"{index:05d}.wav"), "rb") as w:
             pcm = torch.frombuffer(bytearray(w.readframes(w.getnframes())), dtype=torch.int16)
-        audio = pcm.float() / 32768
+        audio = resample(pcm.float() / 32768)
         power = torch.stft(audio, N_FFT, HOP, window=self.window, return_complex=True).abs() ** 2
         features = torch.log(self.filters @ power + 1e-6).T.contiguous()  # [T, mels]
         return features, index % CLASSES, index
@@ -128,13 +157,18 @@ def trial(params: dict[str, Any], data: str | None, folder: Path, args: argparse
     """Trains a masked-mean classifier; `data` is the producer's name, or None
     for a DataLoader of its own. Checks every batch as it goes."""
     batch_size = params["batch_size"]
+    # Trials share the machine's CPUs: one thread each for their small
+    # steps (torch's default, a thread per core, spins against the loader's
+    # workers).
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(MELS, CLASSES)
+    optimizer = torch.optim.SGD(model.parameters(), lr=params["lr"])  # (imports torch's compiler: ~1 s)
+    started = time.time()  # the trial is ready: the loading it waits for, from here
     if data is not None:
         loader: Any = bc.Consumer(data, batch_size=batch_size, pad={"features": 0.0, "mask": 0})
     else:
         loader = make_loader(folder, args, batch_size)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(MELS, CLASSES)
-    optimizer = torch.optim.SGD(model.parameters(), lr=params["lr"])
     exact, loss = True, float("nan")
     for _ in range(args.epochs):
         seen: list[int] = []
@@ -157,7 +191,7 @@ def trial(params: dict[str, Any], data: str | None, folder: Path, args: argparse
     if data is not None:
         loader.close()
     return {**params, "exact": exact, "loss": round(loss, 3), "repadded": stats.get("repadded", 0),
-            "batches": stats.get("batches", 0)}
+            "batches": stats.get("batches", 0), "started": started, "done": time.time()}
 
 
 # ---- the sweep -----------------------------------------------------------------

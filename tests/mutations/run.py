@@ -2,7 +2,8 @@
 a time (a mutant) and runs the tests meant to catch it against it — for the
 GPU ring the simulated-device tests (tests/python/test_gpu_rules.py), for the
 slot ledger the tests with real consumer processes, for the join plan its
-model test (tests/cpp/test_join_plan.cpp). Every mutant must be caught: some
+model test (tests/cpp/test_join_plan.cpp), for re-padding the property test
+of samples of variable length. Every mutant must be caught: some
 test must fail. Prints which tests caught which mutant.
 
     python tests/mutations/run.py                   # every mutant, against the tests meant to catch it
@@ -109,6 +110,14 @@ MUTANTS = {
         "the slot ledger frees a slot when its first holder releases it, while other consumers still hold it",
         "keeping_every_batch",
         "test_processes.py",
+    ),
+    "repad-ignores-the-declared-value": (
+        "csrc/batchcast/consumer/rebatcher.cpp",
+        [("        at::Tensor padded = at::full(shape, *pad_of[j], options);\n",
+          "        at::Tensor padded = at::zeros(shape, options);\n")],
+        "re-padded positions get 0 instead of the value declared for the leaf (labels -100 read as a class)",
+        "every_sample_arrives_once",
+        "test_padding.py",
     ),
     "join-plan-lets-drop-last-in": (
         "csrc/batchcast/producer/join_plan.cpp",

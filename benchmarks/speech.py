@@ -137,7 +137,7 @@ def main() -> None:
                          text=True).stdout.strip()
     head = (f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
             f"{len(__import__('os').sched_getaffinity(0))} CPUs, torch {torch.__version__}, git {git}. "
-            f"{args.utterances} utterances (0.4-2 s, 16 kHz WAV) x {args.epochs} epoch(s), loader batch 16, "
+            f"{args.utterances} utterances (0.4-2 s, 44.1 kHz WAV resampled to 16 kHz, 40 log-mel bands) x {args.epochs} epoch(s), loader batch 16, "
             f"{args.workers} loader worker(s) (the producer's; each trial's own apart), "
             f"{args.repeats} repeats, systems alternated.")
     lines = ["# Speech sweep: one producer decoding for K trials vs a DataLoader per trial", "", head, "",

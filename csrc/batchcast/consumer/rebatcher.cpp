@@ -110,6 +110,11 @@ void Rebatcher::set_padding(Padding padding) {
 const std::vector<std::optional<double>>& Rebatcher::pad_values(const protocol::Announcement& a) {
   if (!pad_values_.empty() && padded_layout_ == a.layout) return pad_values_;
   std::vector<std::optional<double>> values(a.leaves.size());
+  if (!padding_.any()) {  // nothing declared: no leaf is padded
+    padded_layout_ = a.layout;
+    pad_values_ = std::move(values);
+    return pad_values_;
+  }
   std::string keys;  // every leaf's, as a user writes them
   std::map<std::string, std::size_t> leaf_of;
   for (std::size_t j = 0; j < a.leaves.size(); ++j) {

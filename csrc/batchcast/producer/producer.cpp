@@ -311,7 +311,7 @@ bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   return ready;
 }
 
-std::vector<int64_t> Producer::begin_epoch(int64_t epoch) {
+void Producer::begin_epoch(int64_t epoch) {
   std::unique_lock<std::mutex> lock(mu_);
   check_serving("begin_epoch");
   // The last epoch's batches and end reach the membership first: whoever
@@ -323,10 +323,9 @@ std::vector<int64_t> Producer::begin_epoch(int64_t epoch) {
   epoch_batches_ = 0;
   epoch_samples_ = 0;
   last_publish_end_ = Clock::now();
-  std::vector<int64_t> joined_at = membership_.steer_epoch(epoch);
+  membership_.steer_epoch(epoch);
   stream_.push_back(EpochBegin{epoch});
   wakeup_.notify();
-  return joined_at;
 }
 
 std::vector<int64_t> Producer::order_epoch(std::vector<int64_t> fresh) {

@@ -141,11 +141,11 @@ class Producer {
   // The stream, in order: epochs of batches, then finish() or fail(). Each
   // throws Stopped once stopped, and InvalidArgument once served (nothing
   // more can follow the stream's end).
-  // begin_epoch returns where consumers present joined mid-epoch (sorted
-  // sample positions > 0), the positions the epoch is ordered by (see
-  // order_epoch). Everything published before has reached the consumers'
-  // queues by then, so nobody joins the last epoch after its return.
-  std::vector<int64_t> begin_epoch(int64_t epoch);
+  // begin_epoch records where the consumers present joined mid-epoch: the
+  // positions the epoch is ordered by (see order_epoch). Everything
+  // published before has reached the consumers' queues by then, so nobody
+  // joins the last epoch after its return.
+  void begin_epoch(int64_t epoch);
   // With join_any_time, after begin_epoch: the epoch's order of samples
   // (dataset indices), given the loader's fresh one (JoinPlan::order).
   // Throws InvalidArgument when the sampler changed what an epoch holds.

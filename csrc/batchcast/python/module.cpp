@@ -331,10 +331,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("count"), py::arg("timeout") = -1.0)
       .def("begin_epoch",
            [](BoundProducer& b, int64_t epoch) {
-             return released(b, [&](Producer& p) { return p.begin_epoch(epoch); });
+             released(b, [&](Producer& p) { p.begin_epoch(epoch); });
            },
-           "Begins epoch `epoch`; returns where the consumers present joined mid-epoch (sorted sample "
-           "positions), which order_epoch keeps")
+           "Begins epoch `epoch`, ordered (order_epoch) by where the consumers present joined mid-epoch")
       .def("order_epoch",
            [](BoundProducer& b, std::vector<int64_t> fresh) {
              return released(b, [&](Producer& p) { return p.order_epoch(std::move(fresh)); });

@@ -30,7 +30,7 @@ quiet $PY -m pip install build
 quiet $PY -m build --sdist --no-isolation -o "$tmp/dist" .
 sdist=$(ls "$tmp"/dist/batchcast-*.tar.gz)
 tar tzf "$sdist" | sed 's|^[^/]*/||' | sort >"$tmp/files"
-for need in pyproject.toml CMakeLists.txt README.md LICENSE build_support/torch_pin.py \
+for need in pyproject.toml CMakeLists.txt README.md LICENSE build_support/torch_floor.py \
     csrc/batchcast/python/module.cpp csrc/batchcast/python/status_module.cpp \
     python/batchcast/__init__.py python/batchcast/_C.pyi python/batchcast/py.typed \
     tests/cpp/test_protocol.cpp; do

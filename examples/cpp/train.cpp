@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "batchcast/consumer/consumer.h"
+#include "batchcast/tensor/aten.h"  // batchcast's tensors as at::Tensor
 
 namespace {
 
@@ -115,9 +116,9 @@ int main(int argc, char** argv) {
       while (std::optional<batchcast::Batch> batch = consumer.next()) {
         // Leaves in the order the producer's batch structure lists them;
         // they are read-only views of shared memory: use, never modify in place.
-        const at::Tensor& x = std::get<at::Tensor>(batch->leaves.at(0));
-        const at::Tensor& y = std::get<at::Tensor>(batch->leaves.at(1));
-        const at::Tensor& index = std::get<at::Tensor>(batch->leaves.at(2));
+        const at::Tensor x = batchcast::to_aten(std::get<batchcast::Tensor>(batch->leaves.at(0)));
+        const at::Tensor y = batchcast::to_aten(std::get<batchcast::Tensor>(batch->leaves.at(1)));
+        const at::Tensor index = batchcast::to_aten(std::get<batchcast::Tensor>(batch->leaves.at(2)));
 
         optimizer.zero_grad();
         torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);

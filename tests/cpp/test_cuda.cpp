@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include "batchcast/tensor/aten.h"
 
 #include <cstring>
 #include <numeric>
@@ -100,7 +101,7 @@ TEST(Cuda, LeasesOfAGpuRingAreInItsPinnedHostMirror) {
     Batch b;
     b.samples = t.size(0);
     b.layout = "ids";
-    b.leaves.emplace_back(std::move(t));
+    b.leaves.emplace_back(from_aten(std::move(t)));
     return b;
   };
   producer.begin_epoch(0);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include "batchcast/tensor/aten.h"
 #include <unistd.h>
 
 #include <cstdlib>
@@ -32,7 +33,7 @@ Batch ids(int64_t start, int64_t n) {
   Batch b;
   b.samples = n;
   b.layout = "ids";
-  b.leaves.emplace_back(at::arange(start, start + n, at::kLong));
+  b.leaves.emplace_back(from_aten(at::arange(start, start + n, at::kLong)));
   Items names;
   for (int64_t i = start; i < start + n; ++i) names.values.push_back("s" + std::to_string(i));
   b.leaves.emplace_back(std::move(names));
@@ -66,7 +67,7 @@ TEST(EndToEnd, TwoConsumersGetEverySampleOnceOverTwoEpochs) {
       EXPECT_EQ(consumer.begin_epoch(), epoch);
       seen->emplace_back();
       while (auto batch = consumer.next()) {
-        auto t = std::get<at::Tensor>(batch->leaves[0]);
+        auto t = to_aten(std::get<Tensor>(batch->leaves[0]));
         const auto& names = std::get<Items>(batch->leaves[1]).values;
         for (int64_t i = 0; i < t.size(0); ++i) {
           seen->back().push_back(t[i].item<int64_t>());
@@ -206,7 +207,7 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
     Consumer consumer(options);  // the loader's batches as they are
     consumer.begin_epoch();
     while (auto batch = consumer.next()) {
-      auto t = std::get<at::Tensor>(batch->leaves[0]);
+      auto t = to_aten(std::get<Tensor>(batch->leaves[0]));
       const auto& names = std::get<Items>(batch->leaves[1]).values;
       seen.emplace_back();
       for (int64_t i = 0; i < t.size(0); ++i) {
@@ -232,8 +233,8 @@ TEST(Leases, BatchesWrittenInPlaceAreNotCopiedAndEverythingElseIs) {
   auto in_place = [&](const Producer::Lease& l, int64_t start, int64_t n) {
     Batch b = ids(start, n);
     at::Tensor t = at::from_blob(ring + l.offsets[0], {n}, at::TensorOptions().dtype(at::kLong));
-    t.copy_(std::get<at::Tensor>(b.leaves[0]));
-    b.leaves[0] = t;
+    t.copy_(to_aten(std::get<Tensor>(b.leaves[0])));
+    b.leaves[0] = from_aten(t);
     return b;
   };
   producer.publish(in_place(*lease, 10, 10), lease->seq, true);

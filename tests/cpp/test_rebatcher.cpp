@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include "batchcast/tensor/aten.h"
 
 #include <numeric>
 #include <set>
@@ -54,7 +55,7 @@ struct FakeRing {
 };
 
 std::vector<int64_t> ids(const Batch& b) {
-  auto t = std::get<at::Tensor>(b.leaves[0]);
+  auto t = to_aten(std::get<Tensor>(b.leaves[0]));
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
 }
 
@@ -105,7 +106,7 @@ TEST(Rebatcher, ContiguousSpansAreViewsAndHoldTheirSlots) {
   r.push(ring.make(4));
   auto b = r.pop();
   ASSERT_TRUE(b);
-  auto t = std::get<at::Tensor>(b->leaves[0]);
+  auto t = to_aten(std::get<Tensor>(b->leaves[0]));
   EXPECT_EQ(t.data_ptr<int64_t>(), ring.memory.data());  // a view, not a copy
   EXPECT_EQ(r.stats().views, 1);
   EXPECT_EQ(r.stats().copies, 0);
@@ -417,7 +418,7 @@ TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredV
     auto first = r.pop();  // ids 0, 1, 2: joins widths 3 and 5
     auto second = r.pop();  // ids 3, 4, 5: inside the second loader batch
     ASSERT_TRUE(first && second);
-    const at::Tensor a = std::get<at::Tensor>(first->leaves[0]);
+    const at::Tensor a = to_aten(std::get<Tensor>(first->leaves[0]));
     const int64_t width = multiple == 1 ? 5 : 8;
     ASSERT_EQ(a.sizes(), (std::vector<int64_t>{3, width}));
     for (int64_t id = 0; id < 3; ++id) {
@@ -427,7 +428,7 @@ TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredV
         EXPECT_EQ(a[id][c].item<int64_t>(), want) << "id " << id << " column " << c;
       }
     }
-    EXPECT_EQ(std::get<at::Tensor>(second->leaves[0]).sizes(), (std::vector<int64_t>{3, 5}));
+    EXPECT_EQ(to_aten(std::get<Tensor>(second->leaves[0])).sizes(), (std::vector<int64_t>{3, 5}));
     EXPECT_EQ(r.stats().repadded, 1);
     EXPECT_EQ(r.stats().views, 1);  // the second batch
     EXPECT_EQ(r.last_batch_views(), std::vector<bool>{true});

@@ -3,18 +3,17 @@
 // layout string that the Python package uses to rebuild the user's structure.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "batchcast/common/items.h"
+#include "batchcast/tensor/tensor.h"
 
 namespace batchcast {
 
-using Leaf = std::variant<at::Tensor, Items>;
+using Leaf = std::variant<Tensor, Items>;
 
 struct Batch {
   int64_t epoch = 0;

@@ -1,6 +1,5 @@
 #include "batchcast/consumer/consumer.h"
 
-#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -129,10 +128,10 @@ void Consumer::place(const protocol::Ring& ring) {
                             "all), or use device='cpu' here and move batches yourself");
     }
     transfer_ = Transfer::SharedMemory;
-    device_ = c10::kCPU;
+    device_ = cpu_device();
     return;
   }
-  if (!cuda::simulating() && !at::hasCUDA()) {
+  if (!cuda::simulating() && !torch_has_cuda()) {
     throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                     " but the torch in this process has no CUDA support; install a CUDA build of "
                     "torch here");
@@ -140,14 +139,13 @@ void Consumer::place(const protocol::Ring& ring) {
   // Tensors on a GPU; on the simulated device (tests), whose memory is host
   // memory, CPU tensors.
   auto gpu = [](int index) {
-    return cuda::simulating() ? c10::Device(c10::kCPU)
-                             : c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+    return cuda::simulating() ? cpu_device() : cuda_device(index);
   };
   const int ring_device = cuda::visible_device(ring.gpu_uuid);
   ring_device_ = ring_device;
   if (want == Placement::Host) {
     transfer_ = Transfer::DeviceToHost;
-    device_ = c10::kCPU;
+    device_ = cpu_device();
   } else if (want == Placement::Auto || options_.cuda_device == ring_device) {
     transfer_ = Transfer::View;
     device_ = gpu(ring_device);
@@ -457,7 +455,7 @@ std::optional<Batch> Consumer::hand_out(std::optional<Batch> batch) {
     bool copied = false;
     for (std::size_t j = 0; j < batch->leaves.size() && j < views.size(); ++j) {
       if (!views[j]) continue;
-      at::Tensor& t = std::get<at::Tensor>(batch->leaves[j]);
+      Tensor& t = std::get<Tensor>(batch->leaves[j]);
       t = private_copy(t);
       copied = true;
     }
@@ -471,15 +469,15 @@ std::optional<Batch> Consumer::hand_out(std::optional<Batch> batch) {
 // on the simulated device, whose memory is host memory, a copy run in that
 // stream's order. Either way the slot goes back only once the stream is past
 // the copy: the view's release is ordered on that stream after it.
-at::Tensor Consumer::private_copy(const at::Tensor& view) const {
+Tensor Consumer::private_copy(const Tensor& view) const {
   if (transfer_ == Transfer::View && cuda::simulating()) {
     // Its memory is freed in stream order, as the caching allocator's is.
     const cuda::Stream stream = cuda::simulated::current_stream();
     const void* from = view.data_ptr();
-    const std::size_t bytes = view.nbytes();
+    const std::size_t bytes = nbytes(view);
     void* memory = cuda::simulated::stream_alloc(bytes);
-    at::Tensor out = at::from_blob(
-        memory, view.sizes(), [stream](void* p) { cuda::simulated::stream_free(p, stream); }, view.options());
+    Tensor out = wrap(memory, shape_of(view), view.scalar_type(), view.device(),
+                      [memory, stream] { cuda::simulated::stream_free(memory, stream); });
     cuda::runtime().launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });
     return out;
   }
@@ -487,13 +485,13 @@ at::Tensor Consumer::private_copy(const at::Tensor& view) const {
     // One memcpy in this thread (views of the ring are contiguous): torch's
     // parallel copy would wake OpenMP threads that then spin for milliseconds.
     // Into memory a freed copy had (fresh pages fault in at a tenth of memcpy's speed).
-    const std::size_t bytes = view.nbytes();
+    const std::size_t bytes = nbytes(view);
     void* memory = copy_memory_->take(bytes);
     std::memcpy(memory, view.data_ptr(), bytes);
-    return at::from_blob(
-        memory, view.sizes(), [pool = copy_memory_, bytes](void* p) { pool->give_back(p, bytes); }, view.options());
+    return wrap(memory, shape_of(view), view.scalar_type(), view.device(),
+                [pool = copy_memory_, memory, bytes] { pool->give_back(memory, bytes); });
   }
-  return view.clone(at::MemoryFormat::Contiguous);  // on the current stream
+  return clone(view);  // on the current stream
 }
 
 // A consumer whose first epoch has not begun a second after it asked for it
@@ -566,10 +564,9 @@ void Consumer::receive(protocol::Announcement& a) {
   batch.device = device_;
   for (const auto& leaf : a.leaves) {
     if (const auto* t = std::get_if<protocol::TensorLeaf>(&leaf)) {
-      auto options = at::TensorOptions().dtype(protocol::from_wire(t->dtype)).device(ring.device());
-      at::Tensor view = at::from_blob(const_cast<std::byte*>(ring.base() + t->offset), t->shape,
-                                      [](void*) {}, options, ring.device());
-      batch.owned.push_back(view.to(view.options().device(device_), /*non_blocking=*/false, /*copy=*/true));
+      Tensor view = borrow(const_cast<std::byte*>(ring.base() + t->offset), t->shape,
+                           protocol::from_wire(t->dtype), ring.device());
+      batch.owned.push_back(copy_to(view, device_));
     } else {
       batch.owned.emplace_back();
     }
@@ -616,7 +613,7 @@ ConsumerStats Consumer::stats() const {
   s.pin_budget = pin_budget_;
   s.dropped_messages = c.dropped_messages;
   s.mailbox = c.mailbox;
-  s.device = device_.str();
+  s.device = device_text(device_);
   s.ring_device = ring_device_;
   static constexpr const char* kTransfers[] = {"shared-memory", "view", "peer", "host-staged",
                                                "device-to-host"};

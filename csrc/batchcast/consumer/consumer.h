@@ -15,7 +15,6 @@
 #include <utility>
 #include <mutex>
 
-#include <c10/core/Device.h>
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/fields.h"
@@ -197,7 +196,7 @@ class Consumer {
   int64_t pinned_beyond(uint64_t incoming) const;
   void push(LoaderBatch batch);
   std::optional<Batch> hand_out(std::optional<Batch> batch);
-  at::Tensor private_copy(const at::Tensor& view) const;
+  Tensor private_copy(const Tensor& view) const;
   std::optional<Batch> past_end();
   std::optional<Batch> take_next();  // in an epoch: reads until a batch, or its end
   bool can_restart() const;
@@ -205,7 +204,7 @@ class Consumer {
   ConsumerOptions options_;
   std::shared_ptr<Channel> channel_;
   Transfer transfer_ = Transfer::SharedMemory;
-  c10::Device device_ = c10::kCPU;  // where batches are handed out
+  Device device_ = cpu_device();  // where batches are handed out
   int ring_device_ = -1;            // the producer's GPU as numbered here; -1: host ring
   int64_t transfers_ = 0;
   int64_t private_copies_ = 0;

@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <ATen/Context.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include "batchcast/common/error.h"
 #include "batchcast/cuda/runtime.h"
 #include "batchcast/cuda/simulated_runtime.h"
@@ -22,7 +19,7 @@ class HostMapping final : public MappedRing {
     size_ = region_.size();
   }
 
-  c10::Device device() const override { return c10::kCPU; }
+  Device device() const override { return cpu_device(); }
   std::optional<cuda::StreamRef> ready(int32_t) override { return std::nullopt; }
   void release(uint64_t seq, const std::optional<cuda::StreamRef>&) noexcept override { released_(seq); }
 
@@ -35,9 +32,7 @@ class HostMapping final : public MappedRing {
 // device on a GPU; the thread's current stream on the simulated device.
 cuda::Stream current_stream(int device) {
   if (cuda::simulating()) return cuda::simulated::current_stream();
-  c10::impl::VirtualGuardImpl gpu(c10::DeviceType::CUDA);
-  return gpu.getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
-      .native_handle();
+  return static_cast<cuda::Stream>(current_cuda_stream(device));
 }
 
 // Every call on the GPU runs inside a cuda::DeviceScope of the ring's device:
@@ -47,7 +42,7 @@ class CudaMapping final : public MappedRing {
  public:
   CudaMapping(const protocol::Ring& ring, Released released, ReleaseAfter after)
       : released_(std::move(released)), after_(after) {
-    if (!cuda::simulating() && !at::hasCUDA()) {
+    if (!cuda::simulating() && !torch_has_cuda()) {
       throw CudaError("the producer serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                       " but the torch in this process has no CUDA support; install a CUDA build "
                       "of torch here");
@@ -67,9 +62,9 @@ class CudaMapping final : public MappedRing {
   }
 
   // The simulated device's memory is host memory: CPU tensors.
-  c10::Device device() const override {
-    if (cuda::simulating()) return c10::kCPU;
-    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(memory_->device()));
+  Device device() const override {
+    if (cuda::simulating()) return cpu_device();
+    return cuda_device(memory_->device());
   }
   int events() const override { return memory_->events(); }
 

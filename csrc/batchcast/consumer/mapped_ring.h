@@ -5,7 +5,6 @@
 // the producer (GPU: once every stream that used it is past its last use).
 #pragma once
 
-#include <c10/core/Device.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "batchcast/tensor/tensor.h"
 #include "batchcast/cuda/runtime.h"
 #include "batchcast/protocol/message.h"
 
@@ -39,7 +39,7 @@ class MappedRing {
   const std::byte* base() const { return base_; }
   uint64_t size() const { return size_; }
   // Where the memory is, as numbered in this process.
-  virtual c10::Device device() const = 0;
+  virtual Device device() const = 0;
   // Slot events an announcement may name (0: host memory has none).
   virtual int events() const { return 0; }
 

@@ -1,7 +1,5 @@
 #include "batchcast/consumer/rebatcher.h"
 
-#include <ATen/ATen.h>
-
 #include <sstream>
 
 #include "batchcast/common/error.h"
@@ -36,14 +34,13 @@ LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
   for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
     if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
       if (b.spilled()) {
-        copy.owned.push_back(b.owned[j].narrow(0, from, count).clone());
+        copy.owned.push_back(clone(narrow(b.owned[j], 0, from, count)));
       } else {
         std::vector<int64_t> shape = t->shape;
         const uint64_t row = t->nbytes() / static_cast<uint64_t>(std::max<int64_t>(shape[0], 1));
         shape[0] = count;
-        auto options = at::TensorOptions().dtype(from_wire(t->dtype)).device(b.device);
         auto* at_row = const_cast<std::byte*>(b.base + t->offset + static_cast<uint64_t>(from) * row);
-        copy.owned.push_back(at::from_blob(at_row, shape, [](void*) {}, options, b.device).clone());
+        copy.owned.push_back(clone(borrow(at_row, shape, from_wire(t->dtype), b.device)));
       }
       std::get<protocol::TensorLeaf>(copy.announcement.leaves[j]).shape[0] = count;
     } else {
@@ -449,13 +446,13 @@ Batch Rebatcher::take(int64_t n) {
         if (expect != nullptr && start_of(p) != expect) contiguous = false;
         expect = start_of(p) + static_cast<uint64_t>(p.count) * row_of(t);
       }
-      const c10::Device device = pieces.front().batch->device;
-      auto options = at::TensorOptions().dtype(from_wire(t0->dtype)).device(device);
+      const Device device = pieces.front().batch->device;
+      const ScalarType dtype = from_wire(t0->dtype);
       auto piece_tensor = [&](const Piece& p) {
-        if (p.batch->spilled()) return p.batch->owned[j].narrow(0, p.start, p.count);
+        if (p.batch->spilled()) return narrow(p.batch->owned[j], 0, p.start, p.count);
         std::vector<int64_t> shape = std::get<protocol::TensorLeaf>(p.batch->announcement.leaves[j]).shape;
         shape[0] = p.count;  // borrowed, copied below
-        return at::from_blob(start_of(p), shape, [](void*) {}, options, p.batch->device);
+        return borrow(start_of(p), shape, dtype, p.batch->device);
       };
       if (!same_shape) {  // each piece into the leading corner of one padded batch
         // The dimensions its samples differ in: to the largest, rounded up
@@ -472,13 +469,13 @@ Batch Rebatcher::take(int64_t n) {
         const int64_t m = padding_.multiple_of;
         for (std::size_t d = 1; d < shape.size(); ++d) shape[d] = varies[d] ? (shape[d] + m - 1) / m * m : shape[d];
         shape[0] = n;
-        at::Tensor padded = at::full(shape, *pad_of[j], options);
+        Tensor padded = full(shape, *pad_of[j], dtype, device);
         int64_t at_row = 0;
         for (const Piece& p : pieces) {
-          at::Tensor src = piece_tensor(p);
-          at::Tensor dst = padded.narrow(0, at_row, p.count);
-          for (int64_t d = 1; d < src.dim(); ++d) dst = dst.narrow(d, 0, src.size(d));
-          dst.copy_(src);
+          Tensor src = piece_tensor(p);
+          Tensor dst = narrow(padded, 0, at_row, p.count);
+          for (int64_t d = 1; d < src.dim(); ++d) dst = narrow(dst, d, 0, src.size(d));
+          copy_into(dst, src);
           at_row += p.count;
         }
         out.leaves.emplace_back(std::move(padded));
@@ -492,21 +489,20 @@ Batch Rebatcher::take(int64_t n) {
       if (static_cast<int64_t>(pieces.size()) > max_pending_ + 1) contiguous = false;
       std::vector<int64_t> shape = t0->shape;
       if (pieces.size() == 1 && any_spilled) {  // spilled samples: a view of the private copy
-        out.leaves.emplace_back(
-            pieces[0].batch->owned[j].narrow(0, pieces[0].start, pieces[0].count));
+        out.leaves.emplace_back(narrow(pieces[0].batch->owned[j], 0, pieces[0].start, pieces[0].count));
       } else if (contiguous && !any_spilled) {
         // One view over every piece; it keeps each piece's slot until freed.
         std::vector<std::shared_ptr<ReleaseToken>> tokens;
         for (const Piece& p : pieces) tokens.push_back(p.batch->token);
         shape[0] = n;
-        out.leaves.emplace_back(at::from_blob(
-            start_of(pieces.front()), shape, [tokens = std::move(tokens)](void*) {}, options, device));
+        out.leaves.emplace_back(wrap(start_of(pieces.front()), shape, dtype, device,
+                                     [tokens = std::move(tokens)]() mutable { tokens.clear(); }));
         stats_.views += 1;
         last_views_[j] = true;
       } else {
-        std::vector<at::Tensor> parts;
+        std::vector<Tensor> parts;
         for (const Piece& p : pieces) parts.push_back(piece_tensor(p));
-        out.leaves.emplace_back(at::cat(parts));
+        out.leaves.emplace_back(cat_rows(parts));
         stats_.copies += 1;
       }
     } else {

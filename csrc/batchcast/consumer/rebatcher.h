@@ -8,7 +8,6 @@
 // pad value is declared for (Padding): one copy of that batch.
 #pragma once
 
-#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <deque>
@@ -61,8 +60,8 @@ struct LoaderBatch {
   protocol::Announcement announcement;
   const std::byte* base = nullptr;
   std::shared_ptr<ReleaseToken> token;
-  std::vector<at::Tensor> owned;
-  c10::Device device = c10::kCPU;
+  std::vector<Tensor> owned;
+  Device device = cpu_device();
   bool spilled() const { return token == nullptr; }
 };
 

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include <ATen/ATen.h>
 
 #include "batchcast/common/error.h"
 #include "batchcast/common/json.h"
@@ -336,7 +335,7 @@ std::vector<int64_t> Producer::order_epoch(std::vector<int64_t> fresh) {
 Producer::Layout Producer::validate(const Batch& batch) const {
   Layout layout;
   for (const Leaf& leaf : batch.leaves) {
-    if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
+    if (const auto* t = std::get_if<Tensor>(&leaf)) {
       if (t->dim() == 0 || t->size(0) != batch.samples) {
         throw InvalidArgument("every tensor in a batch needs dim 0 = " + std::to_string(batch.samples) +
                               " samples");
@@ -474,7 +473,7 @@ std::optional<RingSlot> Producer::claim_lease(uint64_t seq, const Batch& batch, 
     const std::byte* base = ring_->host_memory();
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
-      const auto* t = std::get_if<at::Tensor>(&leaf);
+      const auto* t = std::get_if<Tensor>(&leaf);
       if (t == nullptr) continue;
       const bool there = fits && base != nullptr && t->is_cpu() && plain_bytes(*t) &&
                          (t->numel() == 0 || static_cast<const std::byte*>(t->data_ptr()) == base + slot.offsets[lane]);
@@ -547,9 +546,9 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   a.layout = batch.layout;
   std::size_t lane = 0;
   for (const Leaf& leaf : batch.leaves) {
-    if (const auto* t = std::get_if<at::Tensor>(&leaf)) {
+    if (const auto* t = std::get_if<Tensor>(&leaf)) {
       a.leaves.push_back(
-          protocol::TensorLeaf{protocol::to_wire(t->scalar_type()), t->sizes().vec(), slot.offsets[lane++]});
+          protocol::TensorLeaf{protocol::to_wire(t->scalar_type()), shape_of(*t), slot.offsets[lane++]});
     } else {
       const auto& items = std::get<Items>(leaf);
       a.leaves.push_back(protocol::ListLeaf{items.kind, items.values});

@@ -2,36 +2,36 @@
 
 namespace batchcast::protocol {
 
-DType to_wire(c10::ScalarType type) {
+DType to_wire(ScalarType type) {
   switch (type) {
-    case c10::ScalarType::Byte: return DType::UInt8;
-    case c10::ScalarType::Char: return DType::Int8;
-    case c10::ScalarType::Short: return DType::Int16;
-    case c10::ScalarType::Int: return DType::Int32;
-    case c10::ScalarType::Long: return DType::Int64;
-    case c10::ScalarType::Half: return DType::Float16;
-    case c10::ScalarType::Float: return DType::Float32;
-    case c10::ScalarType::Double: return DType::Float64;
-    case c10::ScalarType::Bool: return DType::Bool;
-    case c10::ScalarType::BFloat16: return DType::BFloat16;
-    case c10::ScalarType::ComplexFloat: return DType::Complex64;
-    case c10::ScalarType::ComplexDouble: return DType::Complex128;
-    case c10::ScalarType::UInt16: return DType::UInt16;
-    case c10::ScalarType::UInt32: return DType::UInt32;
-    case c10::ScalarType::UInt64: return DType::UInt64;
+    case ScalarType::Byte: return DType::UInt8;
+    case ScalarType::Char: return DType::Int8;
+    case ScalarType::Short: return DType::Int16;
+    case ScalarType::Int: return DType::Int32;
+    case ScalarType::Long: return DType::Int64;
+    case ScalarType::Half: return DType::Float16;
+    case ScalarType::Float: return DType::Float32;
+    case ScalarType::Double: return DType::Float64;
+    case ScalarType::Bool: return DType::Bool;
+    case ScalarType::BFloat16: return DType::BFloat16;
+    case ScalarType::ComplexFloat: return DType::Complex64;
+    case ScalarType::ComplexDouble: return DType::Complex128;
+    case ScalarType::UInt16: return DType::UInt16;
+    case ScalarType::UInt32: return DType::UInt32;
+    case ScalarType::UInt64: return DType::UInt64;
     default:
       throw InvalidArgument(std::string("batchcast cannot share tensors of dtype ") +
-                            c10::toString(type));
+                            batchcast::dtype_name(type));
   }
 }
 
-c10::ScalarType from_wire(DType type) {
-  static constexpr c10::ScalarType kTypes[kDTypeCount] = {
-      c10::ScalarType::Byte,      c10::ScalarType::Char,         c10::ScalarType::Short,
-      c10::ScalarType::Int,       c10::ScalarType::Long,         c10::ScalarType::Half,
-      c10::ScalarType::Float,     c10::ScalarType::Double,       c10::ScalarType::Bool,
-      c10::ScalarType::BFloat16,  c10::ScalarType::ComplexFloat, c10::ScalarType::ComplexDouble,
-      c10::ScalarType::UInt16,    c10::ScalarType::UInt32,       c10::ScalarType::UInt64};
+ScalarType from_wire(DType type) {
+  static constexpr ScalarType kTypes[kDTypeCount] = {
+      ScalarType::Byte,      ScalarType::Char,         ScalarType::Short,
+      ScalarType::Int,       ScalarType::Long,         ScalarType::Half,
+      ScalarType::Float,     ScalarType::Double,       ScalarType::Bool,
+      ScalarType::BFloat16,  ScalarType::ComplexFloat, ScalarType::ComplexDouble,
+      ScalarType::UInt16,    ScalarType::UInt32,       ScalarType::UInt64};
   return kTypes[static_cast<uint8_t>(type)];
 }
 

@@ -2,14 +2,13 @@
 // format (and its fuzz target) builds without torch.
 #pragma once
 
-#include <c10/core/ScalarType.h>
-
 #include "batchcast/protocol/message.h"
+#include "batchcast/tensor/tensor.h"
 
 namespace batchcast::protocol {
 
 // Throws InvalidArgument for dtypes batchcast cannot share.
-DType to_wire(c10::ScalarType type);
-c10::ScalarType from_wire(DType type);
+DType to_wire(ScalarType type);
+ScalarType from_wire(DType type);
 
 }  // namespace batchcast::protocol

@@ -6,9 +6,6 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>
-#include <ATen/ops/from_blob.h>
 
 #include <atomic>
 #include <cctype>
@@ -24,6 +21,7 @@
 #include <thread>
 
 #include "batchcast/common/error.h"
+#include "batchcast/python/dlpack.h"
 #include "batchcast/python/testing.h"
 #include "batchcast/consumer/consumer.h"
 #include "batchcast/cuda/runtime.h"
@@ -185,8 +183,8 @@ std::vector<Leaf> leaves_from_python(const py::list& leaves) {
   std::vector<Leaf> out;
   out.reserve(leaves.size());
   for (const py::handle& item : leaves) {
-    if (THPVariable_Check(item.ptr())) {
-      out.emplace_back(THPVariable_Unpack(item.ptr()));
+    if (python::is_tensor(item)) {
+      out.emplace_back(python::tensor_from_python(item));
     } else {
       auto pair = item.cast<std::pair<ListKind, std::vector<std::string>>>();
       out.emplace_back(Items{pair.first, std::move(pair.second)});
@@ -198,8 +196,8 @@ std::vector<Leaf> leaves_from_python(const py::list& leaves) {
 py::list leaves_to_python(std::vector<Leaf>& leaves) {
   py::list out;
   for (Leaf& leaf : leaves) {
-    if (auto* t = std::get_if<at::Tensor>(&leaf)) {
-      out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(*t))));
+    if (auto* t = std::get_if<Tensor>(&leaf)) {
+      out.append(python::tensor_to_python(std::move(*t)));
     } else {
       auto& items = std::get<Items>(leaf);
       out.append(py::make_tuple(items.kind, py::cast(items.values)));
@@ -367,8 +365,8 @@ PYBIND11_MODULE(_C, m) {
              // producer is open (None before the first lease).
              auto [data, bytes] = b.core->host_memory();
              if (data == nullptr) return py::none();
-             return py::cast(at::from_blob(data, {static_cast<int64_t>(bytes)},
-                                           at::TensorOptions().dtype(at::kByte)));
+             return python::tensor_to_python(
+                 borrow(data, {static_cast<int64_t>(bytes)}, ScalarType::Byte, cpu_device()));
            })
       .def("end_epoch", [](BoundProducer& b) { released(b, [](Producer& p) { p.end_epoch(); }); })
       .def("fail",

@@ -2,8 +2,6 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/utils/pybind.h>
-#include <ATen/ops/from_blob.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +14,7 @@
 #include "batchcast/cuda/simulated_runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/producer/join_plan.h"
+#include "batchcast/python/dlpack.h"
 
 namespace py = pybind11;
 
@@ -48,12 +47,14 @@ class CheckingStream {
     cuda::simulated::set_current_stream(previous_.empty() ? nullptr : previous_.back());
     if (!previous_.empty()) previous_.pop_back();
   }
-  void check(const at::Tensor& t, const at::Tensor& expected) {
-    if (!t.is_contiguous() || t.nbytes() != expected.nbytes() || t.scalar_type() != expected.scalar_type()) {
+  void check(py::handle tensor, py::handle expected_tensor) {
+    const Tensor t = python::tensor_from_python(tensor);
+    const Tensor expected = python::tensor_from_python(expected_tensor);
+    if (!t.is_contiguous() || nbytes(t) != nbytes(expected) || t.scalar_type() != expected.scalar_type()) {
       throw py::value_error("check(): a contiguous tensor and an expected tensor of its dtype and size");
     }
     const void* at_address = t.data_ptr();
-    at::Tensor want = expected.contiguous().clone();
+    Tensor want = clone(expected);
     auto counts = counts_;
     if (delay_us_ > 0) {  // this stream falls behind the host, as under a long kernel
       const int64_t us = delay_us_;
@@ -61,7 +62,7 @@ class CheckingStream {
     }
     cuda::runtime().launch_host_function(stream_, [at_address, want, counts] {
       counts->checks += 1;
-      if (std::memcmp(at_address, want.data_ptr(), want.nbytes()) != 0) counts->mismatches += 1;
+      if (std::memcmp(at_address, want.data_ptr(), nbytes(want)) != 0) counts->mismatches += 1;
     });
   }
   void synchronize() { cuda::runtime().stream_synchronize(stream_); }
@@ -88,8 +89,8 @@ void bind_testing(py::module_& m) {
           [](int64_t bytes) {
             if (bytes <= 0) throw py::value_error("pinned_empty(bytes): bytes must be positive");
             void* p = cuda::simulated::take_pinned(static_cast<uint64_t>(bytes));
-            return at::from_blob(p, {bytes}, [](void* q) { cuda::simulated::give_back_pinned(q); },
-                                 at::TensorOptions().dtype(at::kByte));
+            return python::tensor_to_python(
+                wrap(p, {bytes}, ScalarType::Byte, cpu_device(), [p] { cuda::simulated::give_back_pinned(p); }));
           },
           "A uint8 tensor of pinned memory, whose block is handed out again as soon as it is freed");
   py::class_<CheckingStream>(sim, "Stream")

@@ -13,7 +13,6 @@
 // more, and whatever it copies there is overwritten on the same stream by the
 // copy of the batch the worker writes, before any consumer of that batch may
 // read it (consumers wait for its slot event).
-#include <ATen/ATen.h>
 
 #include <atomic>
 #include <memory>
@@ -64,11 +63,11 @@ class CudaRing final : public Ring {
 
   void check(const Batch& batch) const override {
     for (const Leaf& leaf : batch.leaves) {
-      const auto* t = std::get_if<at::Tensor>(&leaf);
+      const auto* t = std::get_if<Tensor>(&leaf);
       if (t != nullptr && !t->device().is_cpu()) {
         throw InvalidArgument("a producer serving from " + device() +
                               " copies batches from host memory, but this batch has a tensor on " +
-                              t->device().str() + "; let the loader return CPU tensors");
+                              device_text(t->device()) + "; let the loader return CPU tensors");
       }
     }
   }
@@ -81,7 +80,7 @@ class CudaRing final : public Ring {
     // current. The scope puts the caller's context back as it was.
     cuda::DeviceScope scope(options_.cuda_device);
     struct Leg {  // one tensor leaf's copy into the slot
-      const at::Tensor* t;
+      const Tensor* t;
       uint64_t offset;
       bool direct;
     };
@@ -89,12 +88,12 @@ class CudaRing final : public Ring {
     uint64_t to_stage = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
-      const auto* t = std::get_if<at::Tensor>(&leaf);
+      const auto* t = std::get_if<Tensor>(&leaf);
       if (t == nullptr) continue;
       const uint64_t offset = slot.offsets[lane++];
       if (t->numel() == 0) continue;
       const Leg& leg = legs.emplace_back(Leg{t, offset, direct(*t, offset)});
-      if (!leg.direct) to_stage += staged_size(t->nbytes());
+      if (!leg.direct) to_stage += staged_size(nbytes(*t));
     }
     // staging() waits until this buffer's previous copies are done, and with
     // them the copies straight from the pinned tensors kept beside it.
@@ -104,7 +103,7 @@ class CudaRing final : public Ring {
     uint64_t staged_at = 0;
     uint64_t host_copied = 0;
     for (const auto& [t, offset, is_direct] : legs) {
-      const uint64_t n = t->nbytes();
+      const uint64_t n = nbytes(*t);
       if (is_direct) {
         memory_->copy_in(static_cast<const std::byte*>(t->data_ptr()), offset, n);
         sources_[buffer].push_back(*t);  // alive until the copy is done
@@ -148,7 +147,7 @@ class CudaRing final : public Ring {
   // Copied without staging: pinned host memory, laid out as the ring wants
   // it. In the mirror only at the slot's own place (`offset`): anywhere else
   // there a worker may write another batch before the queued copy reads it.
-  bool direct(const at::Tensor& t, uint64_t offset) const {
+  bool direct(const Tensor& t, uint64_t offset) const {
     if (!plain_bytes(t)) return false;
     const auto* p = static_cast<const std::byte*>(t.data_ptr());
     if (mirror_ && p >= mirror_->region.data() && p < mirror_->region.data() + mirror_->region.size()) {
@@ -178,7 +177,7 @@ class CudaRing final : public Ring {
 
   std::unique_ptr<cuda::DeviceRing> memory_;
   std::optional<Mirror> mirror_;  // after memory_: unpinned and unmapped before the ring is freed
-  std::vector<at::Tensor> sources_[2];  // pinned loader tensors being copied, per staging buffer
+  std::vector<Tensor> sources_[2];  // pinned loader tensors being copied, per staging buffer
   std::atomic<int64_t> direct_copies_{0};  // written by the publisher, read by stats()
 };
 

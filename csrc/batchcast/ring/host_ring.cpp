@@ -1,8 +1,5 @@
 // A ring in host shared memory (a memfd): the producer writes each batch with
 // one memcpy per tensor; consumers map it read-only, once.
-#include <ATen/ATen.h>
-#include <c10/util/ParallelGuard.h>
-
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -31,12 +28,12 @@ class HostRing final : public Ring {
     uint64_t copied = 0;
     std::size_t lane = 0;
     for (const Leaf& leaf : batch.leaves) {
-      const auto* t = std::get_if<at::Tensor>(&leaf);
+      const auto* t = std::get_if<Tensor>(&leaf);
       if (t == nullptr) continue;
       std::byte* dst = region_->data() + slot.offsets[lane++];
       if (t->numel() == 0) continue;
       copy_to_host(dst, *t);
-      copied += t->nbytes();
+      copied += nbytes(*t);
     }
     return copied;
   }
@@ -76,19 +73,6 @@ class HostRing final : public Ring {
 };
 
 }  // namespace
-
-bool plain_bytes(const at::Tensor& t) {
-  return t.layout() == at::kStrided && t.is_contiguous() && !t.is_conj() && !t.is_neg();
-}
-
-void copy_to_host(std::byte* dst, const at::Tensor& t) {
-  if (t.is_cpu() && plain_bytes(t)) {
-    std::memcpy(dst, t.data_ptr(), t.nbytes());
-    return;
-  }
-  c10::ParallelGuard serial(true);  // at::parallel_for runs inline inside it
-  at::from_blob(dst, t.sizes(), at::TensorOptions().dtype(t.scalar_type())).copy_(t);
-}
 
 std::unique_ptr<Ring> make_host_ring(const RingOptions& options) {
   return std::make_unique<HostRing>(options);

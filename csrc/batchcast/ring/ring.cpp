@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include <ATen/core/Tensor.h>
 
 #include "batchcast/common/error.h"
 #include "batchcast/protocol/dtype.h"
@@ -84,7 +83,7 @@ void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) co
   std::string shape;
   std::size_t k = 0;
   for (const Leaf& leaf : batch.leaves) {
-    const auto* t = std::get_if<at::Tensor>(&leaf);
+    const auto* t = std::get_if<Tensor>(&leaf);
     if (t == nullptr) continue;
     if (k++ != lane) continue;
     std::string dims;

@@ -135,15 +135,4 @@ class Ring {
   std::map<uint64_t, BorrowedEvent> slot_events_;  // declared after the pool: returned first
 };
 
-// Copies a tensor's bytes to `dst` (host memory, t.nbytes() of it), in the
-// calling thread: one memcpy when the tensor is a plain contiguous CPU tensor,
-// else torch's copy, kept serial. torch's parallel copy would hand the work to
-// OpenMP threads that then spin for milliseconds after every batch, taking
-// the CPUs the loader's workers need.
-void copy_to_host(std::byte* dst, const at::Tensor& t);
-// Whether the tensor's memory is exactly its values, back to back (no strides,
-// offsets within a row, lazy conjugate or negative bit): then its bytes can be
-// copied as they are.
-bool plain_bytes(const at::Tensor& t);
-
 }  // namespace batchcast

@@ -1,0 +1,183 @@
+#include "batchcast/python/dlpack.h"
+
+#include <Python.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "batchcast/common/error.h"
+
+namespace py = pybind11;
+
+namespace batchcast::python {
+namespace {
+
+// ---- DLPack's C ABI (dlpack.h, version 0.8; the "dltensor" capsule) ----
+enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6 };
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: compact row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+constexpr const char* kCapsule = "dltensor";
+constexpr const char* kUsedCapsule = "used_dltensor";
+
+struct DTypeCode {
+  ScalarType dtype;
+  DLDataType code;
+};
+constexpr DTypeCode kDTypes[] = {
+    {ScalarType::Byte, {kDLUInt, 8, 1}},        {ScalarType::Char, {kDLInt, 8, 1}},
+    {ScalarType::Short, {kDLInt, 16, 1}},       {ScalarType::Int, {kDLInt, 32, 1}},
+    {ScalarType::Long, {kDLInt, 64, 1}},        {ScalarType::Half, {kDLFloat, 16, 1}},
+    {ScalarType::Float, {kDLFloat, 32, 1}},     {ScalarType::Double, {kDLFloat, 64, 1}},
+    {ScalarType::Bool, {kDLBool, 8, 1}},        {ScalarType::BFloat16, {kDLBfloat, 16, 1}},
+    {ScalarType::ComplexFloat, {kDLComplex, 64, 1}}, {ScalarType::ComplexDouble, {kDLComplex, 128, 1}},
+    {ScalarType::UInt16, {kDLUInt, 16, 1}},     {ScalarType::UInt32, {kDLUInt, 32, 1}},
+    {ScalarType::UInt64, {kDLUInt, 64, 1}},
+};
+
+// torch's Python functions, looked up once (never released: they outlive
+// the interpreter's finalization of this module).
+struct Torch {
+  py::object tensor_type, to_dlpack, from_dlpack;
+};
+const Torch& torch_module() {
+  static const Torch* torch = [] {
+    py::module_ dlpack = py::module_::import("torch.utils.dlpack");
+    return new Torch{py::module_::import("torch").attr("Tensor"), dlpack.attr("to_dlpack"),
+                     dlpack.attr("from_dlpack")};
+  }();
+  return *torch;
+}
+
+// What torch.from_dlpack takes over: the core tensor (one reference) and the
+// shape and strides the DLTensor points to.
+struct Exported {
+  explicit Exported(Tensor t) : tensor(std::move(t)) {}
+  DLManagedTensor managed{};
+  Tensor tensor;
+  std::vector<int64_t> shape, strides;
+};
+
+void delete_exported(DLManagedTensor* managed) { delete static_cast<Exported*>(managed->manager_ctx); }
+
+// A capsule never consumed (from_dlpack raised) frees what it holds.
+void capsule_destructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kCapsule)) return;  // consumed: torch owns it
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsule));
+  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+}
+
+}  // namespace
+
+bool is_tensor(py::handle object) {
+  return PyObject_IsInstance(object.ptr(), torch_module().tensor_type.ptr()) == 1;
+}
+
+Tensor tensor_from_python(py::handle object) {
+  const Torch& torch = torch_module();
+  py::object resolved = object.attr("resolve_conj")().attr("resolve_neg")();
+  py::object capsule;
+  try {
+    capsule = torch.to_dlpack(resolved);
+  } catch (py::error_already_set& e) {
+    throw InvalidArgument("batchcast cannot share this tensor (" + py::str(object.attr("dtype")).cast<std::string>() +
+                          " on " + py::str(object.attr("device")).cast<std::string>() + "): " + e.what());
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsule));
+  if (managed == nullptr) throw py::error_already_set();
+  PyCapsule_SetName(capsule.ptr(), kUsedCapsule);  // ours now: its deleter runs once, below or with the tensor
+  const DLTensor& t = managed->dl_tensor;
+  auto give_back = [managed] {
+    if (managed->deleter != nullptr) managed->deleter(managed);
+  };
+  const DTypeCode* found = nullptr;
+  for (const DTypeCode& d : kDTypes) {
+    if (d.code.code == t.dtype.code && d.code.bits == t.dtype.bits && d.code.lanes == t.dtype.lanes) found = &d;
+  }
+  Device device = cpu_device();
+  if (t.device.device_type == kDLCUDA) {
+    device = cuda_device(t.device.device_id);
+  } else if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
+    found = nullptr;
+  }
+  if (found == nullptr) {
+    give_back();
+    throw InvalidArgument("batchcast cannot share tensors of dtype " +
+                          py::str(object.attr("dtype")).cast<std::string>() + " on " +
+                          py::str(object.attr("device")).cast<std::string>());
+  }
+  std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  std::vector<int64_t> strides;
+  if (t.strides != nullptr) {
+    strides.assign(t.strides, t.strides + t.ndim);
+  } else {
+    strides.assign(shape.size(), 1);
+    for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  }
+  void* data = static_cast<std::byte*>(t.data) + t.byte_offset;
+  try {
+    return wrap_strided(data, shape, strides, found->dtype, device, std::move(give_back));
+  } catch (...) {
+    give_back();
+    throw;
+  }
+}
+
+py::object tensor_to_python(Tensor tensor) {
+  auto exported = std::make_unique<Exported>(std::move(tensor));
+  Exported& e = *exported;
+  e.shape = shape_of(e.tensor);
+  const auto strides = e.tensor.strides();
+  e.strides.assign(strides.begin(), strides.end());
+  DLDataType code{};
+  bool known = false;
+  for (const DTypeCode& d : kDTypes) {
+    if (d.dtype == e.tensor.scalar_type()) {
+      code = d.code;
+      known = true;
+    }
+  }
+  if (!known) throw InvalidArgument("batchcast cannot hand out tensors of dtype " + dtype_name(e.tensor.scalar_type()));
+  const Device device = e.tensor.device();
+  DLTensor& t = e.managed.dl_tensor;
+  t.data = e.tensor.data_ptr();
+  t.device = DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index() : 0};
+  t.ndim = static_cast<int32_t>(e.shape.size());
+  t.dtype = code;
+  t.shape = e.shape.data();
+  t.strides = e.strides.data();
+  t.byte_offset = 0;
+  e.managed.manager_ctx = &e;
+  e.managed.deleter = &delete_exported;
+  PyObject* capsule = PyCapsule_New(&e.managed, kCapsule, &capsule_destructor);
+  if (capsule == nullptr) throw py::error_already_set();
+  exported.release();  // the capsule's now
+  return torch_module().from_dlpack(py::reinterpret_steal<py::object>(capsule));
+}
+
+}  // namespace batchcast::python

@@ -1,0 +1,23 @@
+// Tensors across the binding as DLPack capsules: torch.utils.dlpack on the
+// Python side, torch's stable ABI on the core's. _C so links no
+// libtorch_python (whose C++ ABI changes with every torch release), and the
+// capsules' deleters never need the GIL.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "batchcast/tensor/tensor.h"
+
+namespace batchcast::python {
+
+// Whether `object` is a torch.Tensor.
+bool is_tensor(pybind11::handle object);
+// The core's tensor over a torch.Tensor's memory (no copy); it keeps the
+// Python tensor's storage alive. Lazy conjugate and negative bits are
+// resolved first (DLPack has none: it would hand over the unconjugated
+// values). Throws InvalidArgument for a dtype or device batchcast cannot share.
+Tensor tensor_from_python(pybind11::handle object);
+// A torch.Tensor over the core tensor's memory (no copy).
+pybind11::object tensor_to_python(Tensor tensor);
+
+}  // namespace batchcast::python

@@ -3,13 +3,16 @@
 #   1. in an older root (scripts/oldroot.sh: Debian 11, glibc 2.31, GCC 10,
 #      a static libzmq without Kerberos, NORM, PGM or libsodium), against the
 #      torch installed here (no build isolation, so pip never downloads a
-#      torch); the wheel pins that torch release (scripts/oldroot-wheel.sh);
+#      torch), which must be the floor or newer (scripts/oldroot-wheel.sh);
 #   2. `auditwheel show` states the tag its symbol versions allow, which must
 #      be manylinux_2_31 or older; `auditwheel repair` gives the wheel that tag,
 #      leaving torch's own libraries to torch;
 #   3. checks the repaired wheel: no module needs a libzmq or exports its
-#      symbols, _C finds torch through its RUNPATH, the metadata requires
-#      torch==<release>;
+#      symbols; _C is on torch's stable ABI: among torch's libraries it needs
+#      libtorch_cpu alone (not libtorch_python, libtorch_cuda, libc10_cuda),
+#      and it leaves no at::, c10:: or torch:: symbol undefined outside the
+#      stable and header-only namespaces (only the C shim's functions); it
+#      finds torch through its RUNPATH; the metadata requires torch>=<floor>;
 #   4. installs it into a fresh venv (no system site-packages) next to the same
 #      torch and, in a private mount namespace where the system's libzmq is
 #      hidden and the older root's libstdc++ and libgcc_s stand in for this
@@ -113,10 +116,23 @@ status_so=$(ls "$tmp"/unpacked/batchcast/_status*.so)
 ! patchelf --print-needed "$status_so" | grep -qE '^lib(torch|c10)' ||
   fail "_status needs torch's libraries (batchcast status would load torch)"
 echo "   libzmq inside, its symbols hidden; _C RUNPATH $runpath; _status needs no torch"
+# The stable ABI: what _C takes from torch is the C shim, in libtorch_cpu.
+torch_needed=$(patchelf --print-needed "$so" | grep -E '^lib(torch|c10)' | tr '\n' ' ' || true)
+[ "$torch_needed" = "libtorch_cpu.so " ] ||
+  fail "_C must need libtorch_cpu.so alone of torch's libraries (the stable ABI), it needs: $torch_needed"
+nm -D --undefined-only "$so" | awk '{ print $NF }' | c++filt >"$tmp/undefined"
+grep -E '(^|[^A-Za-z_])(at|c10|torch)::' "$tmp/undefined" |
+  grep -vE '^torch::(stable|headeronly)::' >"$tmp/unstable" || true
+[ ! -s "$tmp/unstable" ] ||
+  fail "_C uses torch's C++ API outside the stable ABI: $(head -5 "$tmp/unstable" | tr '\n' ' ')"
+shim=$(grep -cE '^(aoti_torch_|torch_)' "$tmp/undefined" || true)
+floor=$(sed -n 's/^set(BATCHCAST_TORCH_FLOOR "\([0-9.]*\)".*/\1/p' CMakeLists.txt)
+echo "   stable ABI: of torch's libraries _C needs libtorch_cpu.so alone; $shim C shim functions," \
+  "no at::/c10::/torch:: symbols"
 meta=$(ls "$tmp"/unpacked/batchcast-*.dist-info/METADATA)
 torch_reqs=$(grep -E '^Requires-Dist: torch\b' "$meta" || true)
-[ "$torch_reqs" = "Requires-Dist: torch==$torch_release" ] ||
-  fail "the wheel must require exactly torch==$torch_release, its METADATA says: ${torch_reqs:-nothing}"
+[ "$torch_reqs" = "Requires-Dist: torch>=$floor" ] ||
+  fail "the wheel must require torch>=$floor, its METADATA says: ${torch_reqs:-nothing}"
 echo "   METADATA: $torch_reqs"
 
 echo "== 4. fresh venv with torch $torch_version, the system's libzmq hidden, the older root's libstdc++"

@@ -3,6 +3,8 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,7 +17,9 @@ namespace py = pybind11;
 namespace batchcast::python {
 namespace {
 
-// ---- DLPack's C ABI (dlpack.h, version 0.8; the "dltensor" capsule) ----
+// ---- DLPack's C ABI (dlpack.h): the "dltensor" capsule of version 0.8,
+// and version 1's managed tensor and C exchange API (DLPack 1.3), which torch
+// offers as torch.Tensor.__dlpack_c_exchange_api__ ----
 enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6 };
 struct DLDevice {
@@ -42,6 +46,33 @@ struct DLManagedTensor {
   void (*deleter)(DLManagedTensor* self);
 };
 
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  DLPackExchangeAPIHeader* prev_api;
+};
+// The two calls used: a torch.Tensor to an owning managed tensor, and an
+// owning managed tensor (stolen) to a torch.Tensor; both return 0 or -1 with
+// a Python exception set, and synchronize no stream.
+struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  void* managed_tensor_allocator;
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out);
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor, void** out_py_object);
+  void* dltensor_from_py_object_no_sync;
+  void* current_work_stream;
+};
+
 constexpr const char* kCapsule = "dltensor";
 constexpr const char* kUsedCapsule = "used_dltensor";
 
@@ -62,28 +93,50 @@ constexpr DTypeCode kDTypes[] = {
 
 // torch's Python functions, looked up once (never released: they outlive
 // the interpreter's finalization of this module).
+// The C exchange API (torch 2.10 and later: no Python call per tensor) when
+// this torch has one of DLPack's major version 1, else the capsule functions.
 struct Torch {
   py::object tensor_type, to_dlpack, from_dlpack;
+  const DLPackExchangeAPI* exchange = nullptr;
 };
 const Torch& torch_module() {
   static const Torch* torch = [] {
     py::module_ dlpack = py::module_::import("torch.utils.dlpack");
-    return new Torch{py::module_::import("torch").attr("Tensor"), dlpack.attr("to_dlpack"),
-                     dlpack.attr("from_dlpack")};
+    auto* t = new Torch{py::module_::import("torch").attr("Tensor"), dlpack.attr("to_dlpack"),
+                        dlpack.attr("from_dlpack")};
+    if (std::getenv("BATCHCAST_DLPACK_CAPSULES") == nullptr &&
+        py::hasattr(t->tensor_type, "__dlpack_c_exchange_api__")) {
+      py::object api = t->tensor_type.attr("__dlpack_c_exchange_api__");
+      if (PyCapsule_IsValid(api.ptr(), "dlpack_exchange_api")) {
+        const auto* exchange =
+            static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(api.ptr(), "dlpack_exchange_api"));
+        if (exchange != nullptr && exchange->header.version.major == 1 &&
+            exchange->managed_tensor_from_py_object_no_sync != nullptr &&
+            exchange->managed_tensor_to_py_object_no_sync != nullptr) {
+          t->exchange = exchange;  // lives as long as torch (the process)
+        }
+      }
+      PyErr_Clear();
+    }
+    return t;
   }();
   return *torch;
 }
 
-// What torch.from_dlpack takes over: the core tensor (one reference) and the
-// shape and strides the DLTensor points to.
+// What torch takes over: the core tensor (one reference) and the shape and
+// strides the DLTensor points to, in a managed tensor of either version.
 struct Exported {
   explicit Exported(Tensor t) : tensor(std::move(t)) {}
   DLManagedTensor managed{};
+  DLManagedTensorVersioned versioned{};
   Tensor tensor;
   std::vector<int64_t> shape, strides;
 };
 
 void delete_exported(DLManagedTensor* managed) { delete static_cast<Exported*>(managed->manager_ctx); }
+void delete_exported_versioned(DLManagedTensorVersioned* managed) {
+  delete static_cast<Exported*>(managed->manager_ctx);
+}
 
 // A capsule never consumed (from_dlpack raised) frees what it holds.
 void capsule_destructor(PyObject* capsule) {
@@ -98,23 +151,49 @@ bool is_tensor(py::handle object) {
   return PyObject_IsInstance(object.ptr(), torch_module().tensor_type.ptr()) == 1;
 }
 
+namespace {
+
+[[noreturn]] void cannot_share(py::handle object, const std::string& why) {
+  throw InvalidArgument("batchcast cannot share this tensor (" + py::str(object.attr("dtype")).cast<std::string>() +
+                        " on " + py::str(object.attr("device")).cast<std::string>() + "): " + why);
+}
+
+// The DLTensor as the core's tensor; give_back() runs once, when torch frees
+// it (or at once when it cannot be wrapped).
+Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void()> give_back);
+
+}  // namespace
+
 Tensor tensor_from_python(py::handle object) {
   const Torch& torch = torch_module();
   py::object resolved = object.attr("resolve_conj")().attr("resolve_neg")();
+  if (torch.exchange != nullptr) {
+    DLManagedTensorVersioned* managed = nullptr;
+    if (torch.exchange->managed_tensor_from_py_object_no_sync(resolved.ptr(), &managed) != 0 || managed == nullptr) {
+      py::error_already_set error;
+      cannot_share(object, error.what());
+    }
+    return import_dltensor(object, managed->dl_tensor, [managed] {
+      if (managed->deleter != nullptr) managed->deleter(managed);
+    });
+  }
   py::object capsule;
   try {
     capsule = torch.to_dlpack(resolved);
   } catch (py::error_already_set& e) {
-    throw InvalidArgument("batchcast cannot share this tensor (" + py::str(object.attr("dtype")).cast<std::string>() +
-                          " on " + py::str(object.attr("device")).cast<std::string>() + "): " + e.what());
+    cannot_share(object, e.what());
   }
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsule));
   if (managed == nullptr) throw py::error_already_set();
   PyCapsule_SetName(capsule.ptr(), kUsedCapsule);  // ours now: its deleter runs once, below or with the tensor
-  const DLTensor& t = managed->dl_tensor;
-  auto give_back = [managed] {
+  return import_dltensor(object, managed->dl_tensor, [managed] {
     if (managed->deleter != nullptr) managed->deleter(managed);
-  };
+  });
+}
+
+namespace {
+
+Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void()> give_back) {
   const DTypeCode* found = nullptr;
   for (const DTypeCode& d : kDTypes) {
     if (d.code.code == t.dtype.code && d.code.bits == t.dtype.bits && d.code.lanes == t.dtype.lanes) found = &d;
@@ -127,9 +206,7 @@ Tensor tensor_from_python(py::handle object) {
   }
   if (found == nullptr) {
     give_back();
-    throw InvalidArgument("batchcast cannot share tensors of dtype " +
-                          py::str(object.attr("dtype")).cast<std::string>() + " on " +
-                          py::str(object.attr("device")).cast<std::string>());
+    cannot_share(object, "not a dtype and device batchcast shares");
   }
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
   std::vector<int64_t> strides;
@@ -141,12 +218,14 @@ Tensor tensor_from_python(py::handle object) {
   }
   void* data = static_cast<std::byte*>(t.data) + t.byte_offset;
   try {
-    return wrap_strided(data, shape, strides, found->dtype, device, std::move(give_back));
+    return wrap_strided(data, shape, strides, found->dtype, device, give_back);
   } catch (...) {
     give_back();
     throw;
   }
 }
+
+}  // namespace
 
 py::object tensor_to_python(Tensor tensor) {
   auto exported = std::make_unique<Exported>(std::move(tensor));
@@ -172,12 +251,25 @@ py::object tensor_to_python(Tensor tensor) {
   t.shape = e.shape.data();
   t.strides = e.strides.data();
   t.byte_offset = 0;
+  const Torch& torch = torch_module();
+  if (torch.exchange != nullptr) {
+    e.versioned.version = DLPackVersion{1, 0};
+    e.versioned.manager_ctx = &e;
+    e.versioned.deleter = &delete_exported_versioned;
+    e.versioned.dl_tensor = t;
+    void* out = nullptr;
+    exported.release();  // torch's now (should the call fail, it may stay unfreed: a few bytes)
+    if (torch.exchange->managed_tensor_to_py_object_no_sync(&e.versioned, &out) != 0 || out == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(static_cast<PyObject*>(out));
+  }
   e.managed.manager_ctx = &e;
   e.managed.deleter = &delete_exported;
   PyObject* capsule = PyCapsule_New(&e.managed, kCapsule, &capsule_destructor);
   if (capsule == nullptr) throw py::error_already_set();
   exported.release();  // the capsule's now
-  return torch_module().from_dlpack(py::reinterpret_steal<py::object>(capsule));
+  return torch.from_dlpack(py::reinterpret_steal<py::object>(capsule));
 }
 
 }  // namespace batchcast::python

@@ -36,6 +36,7 @@ def id_batches(n: int, loader_batch: int, width: int = 3):
     return Loader()
 
 
+@pytest.mark.every_torch
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     loader_batch=st.integers(1, 40),

@@ -87,6 +87,7 @@ def assert_clean(result: dict, device, epochs: list[int], batches_per_epoch: int
     assert result["checks"] == batches_per_epoch * len(epochs)
 
 
+@pytest.mark.every_torch
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
 @pytest.mark.parametrize("check", ["host", "stream"])
 def test_every_value_is_read_after_its_copy(procs, name, device, memory, check):

@@ -46,6 +46,7 @@ def batches_of(result: dict, epoch: int) -> list[list[int]]:
 
 # ---- groups, real processes ------------------------------------------------------
 
+@pytest.mark.every_torch
 def test_groups_split_the_stream_beside_a_whole_stream_consumer(procs, name):
     """A group of 2 and one of 3 with different batch sizes beside a
     whole-stream consumer: each rank gets its part, the same number of batches
@@ -126,6 +127,7 @@ def test_a_rank_whose_group_is_not_complete_waits_and_the_others_are_served(proc
 
 # ---- resume, real processes ------------------------------------------------------
 
+@pytest.mark.every_torch
 def test_a_consumer_stopped_and_restored_continues_exactly_while_the_producer_holds_it(
         procs, name):
     """A trial saves its state after 35 samples (batch 7 of a loader of 10) and

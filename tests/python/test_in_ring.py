@@ -65,6 +65,7 @@ def first_copies(loader) -> int:
     return loader.num_workers * loader.prefetch_factor + 1
 
 
+@pytest.mark.every_torch
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("batch_size", [32, 48])
 def test_loader_workers_write_every_batch_into_the_ring_after_the_first(runtime_dir, name,

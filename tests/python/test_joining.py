@@ -44,6 +44,7 @@ def assert_whole_epochs(result: dict, epochs: int) -> None:
         assert sorted(ids) == list(range(N))  # every sample, once
 
 
+@pytest.mark.every_torch
 def test_consumers_joining_mid_epoch_get_every_sample_once_per_epoch_of_their_own(procs, name):
     """A whole-stream consumer holds the producer still at three points of
     the stream; a consumer joins at each (batch sizes 5, 7 and the loader's).

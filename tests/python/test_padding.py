@@ -123,6 +123,7 @@ def test_every_sample_arrives_once_repadded_with_its_values(loader_batch, batch_
     assert stats["repadded"] <= stats["batches"]
 
 
+@pytest.mark.every_torch
 def test_a_batch_of_one_loader_batch_stays_a_view_and_repadding_is_counted(runtime_dir):
     # Loader batches of 4 samples (widths differ), trainer batches of 2 and 6.
     loader = Speech(24, 4, 9)
@@ -190,6 +191,7 @@ def test_one_value_pads_every_leaf(runtime_dir):
             assert torch.equal(b["text"]["input_ids"][r, :k], token_ids(i, k))
 
 
+@pytest.mark.every_torch
 def test_group_ranks_get_their_samples_repadded(runtime_dir):
     n, longest = 60, 13
     widths = widths_by_sample(n, 4, longest)
@@ -217,6 +219,7 @@ def test_group_ranks_get_their_samples_repadded(runtime_dir):
     assert got[1] == [i for w in range(0, n, 10) for i in range(w + 5, w + 10)]
 
 
+@pytest.mark.every_torch
 def test_a_resumed_trainer_gets_the_rest_of_its_epoch_repadded(runtime_dir):
     n, longest = 60, 13
     widths = widths_by_sample(n, 4, longest)

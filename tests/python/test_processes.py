@@ -26,6 +26,7 @@ import batchcast as bc
 N, L = 1003, 32
 
 
+@pytest.mark.every_torch
 def test_four_consumers_get_every_sample_once_in_order_over_two_epochs(procs, name, runtime_dir):
     shm_before = shm_entries()
     consumers = {16: False, 32: False, 100: False, 7: True}  # smaller, equal, larger, odd+drop_last

@@ -106,7 +106,8 @@ debian_mirror() {
       /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
     $1 == "URIs:" { for (i = 2; i <= NF; i++) print $i }
     $1 == "deb" { i = 2; if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ } print $i }'); do
-    if curl -fsI --max-time 20 "${uri%/}/dists/bookworm/Release" >/dev/null 2>&1; then
+    if $PY -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=20)' \
+        "${uri%/}/dists/bookworm/Release" >/dev/null 2>&1; then
       echo "${uri%/}"
       return
     fi

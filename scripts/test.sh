@@ -89,5 +89,5 @@ $PY -m pip install -q "mypy==2.4.1"
 $PY -m mypy --strict --no-incremental python/batchcast
 step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
 bash scripts/wheel-check.sh
-step "sdist: pip builds it against the installed torch, or stops at once naming the command"
+step "sdist: pip builds it against the installed torch, or stops at once naming the command; it builds in a Debian root with a compiler, CMake and torch alone"
 bash scripts/sdist-check.sh

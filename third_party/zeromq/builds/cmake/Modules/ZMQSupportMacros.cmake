@@ -1,0 +1,5 @@
+macro (zmq_set_with_default var value)
+  if (NOT ${var})
+    set(${var} "${value}")
+  endif ()
+endmacro ()

@@ -4,7 +4,7 @@
 # Python API, command line and examples with real processes (pytest; the GPU
 # path on a simulated device),
 # the mutants (GPU path, slot ledger, join plan, re-padding), the package's types, the portable pip wheel
-# on its own (and the command line's start-up time) and the sdist.
+# on its own (and the command line's start-up time), that wheel under a second torch release, and the sdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,5 +89,9 @@ $PY -m pip install -q "mypy==2.4.1"
 $PY -m mypy --strict --no-incremental python/batchcast
 step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
 bash scripts/wheel-check.sh
+step "The same wheel under a second torch (2.14.1, a CUDA build on the CPU): the capability set (pytest -m every_torch)"
+# One wheel for every torch from the floor (2.11) on: the wheel just checked,
+# installed beside another torch release, runs every capability once.
+bash scripts/torch-versions.sh "$(ls -t dist/batchcast-*.whl | sed -n 1p)" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
 step "sdist: pip builds it against the installed torch, or stops at once naming the command; it builds in a Debian root with a compiler, CMake and torch alone"
 bash scripts/sdist-check.sh

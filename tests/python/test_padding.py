@@ -108,7 +108,10 @@ def test_every_sample_arrives_once_repadded_with_its_values(loader_batch, batch_
     name = f"pad-{loader_batch}-{batch_size}-{n}-{longest}-{multiple}-{int(drop_last)}"
     loader = Speech(n, loader_batch, longest)
     widths = widths_by_sample(n, loader_batch, longest)
-    with bc.Producer(loader, name, epochs=2, slots=4, samples_per_epoch=n) as producer:
+    # Its loader batches grow to up to 30x the first; the ring, sized from the
+    # first batch, refuses batches beyond a few times that (with a message naming
+    # ring_bytes: test_refusals): this test is about padding, so the ring is given room.
+    with bc.Producer(loader, name, epochs=2, slots=4, samples_per_epoch=n, ring_bytes=1 << 20) as producer:
         consumer = bc.Consumer(name, batch_size=batch_size, drop_last=drop_last, pad=PAD,
                                pad_to_multiple_of=multiple, timeout=10)
         want = list(range(n // batch_size * batch_size if drop_last else n))

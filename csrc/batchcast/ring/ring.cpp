@@ -99,10 +99,12 @@ void Ring::check_fits(const std::vector<uint64_t>& bytes, const Batch& batch) co
   if (total == 0) {  // the first batch was empty: size the ring from this one
     for (uint64_t b : bytes) ring_bytes += b * slots * 2;
   }
+  // One decimal, rounded apart (up for the batch, down for the ring), so that
+  // the two never read as the same figure.
   char ratio_text[64];
-  std::snprintf(ratio_text, sizeof ratio_text, "%.1fx", worst);
+  std::snprintf(ratio_text, sizeof ratio_text, "%.1fx", std::ceil(worst * 10) / 10);
   char growth_text[64];
-  std::snprintf(growth_text, sizeof growth_text, "%.1fx", growth);
+  std::snprintf(growth_text, sizeof growth_text, "%.1fx", std::floor(growth * 10) / 10);
   const std::string pass = "Pass ring_bytes=" + std::to_string(ring_bytes) + " (batchcast serve --ring-bytes " +
                            std::to_string(ring_bytes) + ")";
   if (first_bytes_[lane] == 0) {

@@ -3,7 +3,7 @@
 # CTest), fuzz runs of the decoder and of a mailbox queue's reader, the
 # Python API, command line and examples with real processes (pytest; the GPU
 # path on a simulated device),
-# the mutants (GPU path, slot ledger, join plan, re-padding), the package's types, the portable pip wheel
+# the mutants (GPU path, slot ledger, join plan, re-padding, the strided copy), the package's types, the portable pip wheel
 # on its own (and the command line's start-up time), that wheel under a second torch release, and the sdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,7 +82,7 @@ fi
 step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
 $PY -m pip install -q "ray[tune]==2.60.0"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
-step "Mutants: each deliberate bug (GPU path on the simulated device, slot ledger, join plan, re-padding) is caught by a test"
+step "Mutants: each deliberate bug (GPU path on the simulated device, slot ledger, join plan, re-padding, the strided copy) is caught by a test"
 $PY tests/mutations/run.py
 step "Types: mypy --strict on the package (with the stubs of its compiled modules)"
 $PY -m pip install -q "mypy==2.4.1"

@@ -127,6 +127,15 @@ MUTANTS = {
         "JoinPlan.*",
         "cpp:test_join_plan",
     ),
+    "strided-copy-runs-across-strides": (
+        "csrc/batchcast/tensor/tensor.cpp",
+        [("while (inner >= 0 && (shape[inner] == 1 || strides[inner] == run)) run *= shape[inner--];",
+          "while (inner >= 0 && (shape[inner] == 1 || strides[inner] == run || inner > 0)) run *= shape[inner--];")],
+        "the serial copy of a strided tensor into the ring copies its outer dimensions as one block, "
+        "so a permuted or sliced batch arrives with other values than the loader's",
+        "Tensor.*",
+        "cpp:test_tensor",
+    ),
     "join-plan-keeps-who-left": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }",

@@ -320,6 +320,29 @@ def test_a_batch_beyond_what_the_ring_takes_is_an_error_naming_its_size_and_ring
             assert [b.shape[1] for b in consumer] == [32768, 65536, 163840]
 
 
+
+def test_a_tensor_of_a_dtype_batchcast_cannot_share_is_an_error_naming_it_and_the_fix(runtime_dir, name):
+    # float8 tensors have no place on the wire: the producer says which dtype
+    # it was, which it shares, and how to keep its bytes.
+    ok = torch.arange(4)
+    odd = torch.zeros(4, 3).to(torch.float8_e4m3fn)
+    producer = bc.Producer([(ok, odd)], name, epochs=1).start()
+    with bc.Consumer(name, timeout=10) as consumer:
+        with pytest.raises(bc.LoaderError) as error:
+            list(consumer)
+    with pytest.raises(bc.LoaderError):
+        producer.stop()
+    message = str(error.value)
+    assert "loader batch 0: batchcast cannot share this tensor (torch.float8_e4m3fn on cpu)" in message
+    assert "float32, float64, complex64 or complex128, on the CPU or a CUDA GPU" in message
+    assert "tensor.view(torch.uint8) keeps its bytes" in message
+    # ... which works: the same samples, as bytes.
+    with bc.Producer([(ok, odd.view(torch.uint8))], name, epochs=1):
+        with bc.Consumer(name, timeout=10) as consumer:
+            (ids, raw), = list(consumer)
+    assert torch.equal(ids, ok) and torch.equal(raw.view(torch.float8_e4m3fn).float(), odd.float())
+
+
 # ---- a waiting consumer says what it waits for --------------------------------------
 
 def test_a_consumer_waiting_for_min_consumers_says_so_and_status_shows_it(runtime_dir, name, caplog):

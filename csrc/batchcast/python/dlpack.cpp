@@ -206,7 +206,10 @@ Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void(
   }
   if (found == nullptr) {
     give_back();
-    cannot_share(object, "not a dtype and device batchcast shares");
+    cannot_share(object,
+                 "batchcast shares tensors of dtype bool, uint8, uint16, uint32, uint64, int8, int16, int32, "
+                 "int64, float16, bfloat16, float32, float64, complex64 or complex128, on the CPU or a CUDA "
+                 "GPU; convert it in the loader (tensor.view(torch.uint8) keeps its bytes, without a copy)");
   }
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
   std::vector<int64_t> strides;

@@ -113,8 +113,8 @@ MUTANTS = {
     ),
     "repad-ignores-the-declared-value": (
         "csrc/batchcast/consumer/rebatcher.cpp",
-        [("        at::Tensor padded = at::full(shape, *pad_of[j], options);\n",
-          "        at::Tensor padded = at::zeros(shape, options);\n")],
+        [("        Tensor padded = full(shape, *pad_of[j], dtype, device);\n",
+          "        Tensor padded = full(shape, 0.0, dtype, device);\n")],
         "re-padded positions get 0 instead of the value declared for the leaf (labels -100 read as a class)",
         "every_sample_arrives_once",
         "test_padding.py",

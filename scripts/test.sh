@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
 # CTest), fuzz runs of the decoder and of a mailbox queue's reader, the
-# Python API, command line and examples with real processes (pytest; the GPU
-# path on a simulated device),
+# Python API, command line and examples with real processes (pytest, on the
+# portable wheel built and checked first; the GPU path on a simulated device),
 # the mutants (GPU path, slot ledger, join plan, re-padding, the strided copy), the package's types, the portable pip wheel
 # on its own (and the command line's start-up time), that wheel under a second torch release, and the sdist.
 set -euo pipefail
@@ -57,8 +57,15 @@ step "C++ tests"
 ctest --test-dir build/py --output-on-failure
 step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)"
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
-step "Python tests"
-# `import batchcast` is the package installed above (python/ is not on sys.path).
+step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
+bash scripts/wheel-check.sh
+# The Python suite runs on that very wheel file (one wheel for every torch:
+# this one, 2.13.0, the whole suite; 2.14.1 the capability set, below), in
+# place of the build installed by the set-up (whose C++ tests ran above).
+wheel=$(ls -t dist/batchcast-*.whl | sed -n 1p)
+$PY -m pip install -q --force-reinstall --no-deps "$wheel"
+step "Python tests (on the wheel $(basename "$wheel"))"
+# `import batchcast` is the wheel just installed (python/ is not on sys.path).
 # The GPU ring's rules run on the simulated device with two fixed seeds and a
 # new one each run (a failing test's name shows its seed).
 export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
@@ -82,16 +89,14 @@ fi
 step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)"
 $PY -m pip install -q "ray[tune]==2.60.0"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
+step "The same wheel under a second torch (2.14.1, a CUDA build on the CPU): the capability set (pytest -m every_torch)"
+# One wheel for every torch from the floor (2.11) on: the wheel just checked,
+# installed beside another torch release, runs every capability once.
+bash scripts/torch-versions.sh "$(ls -t dist/batchcast-*.whl | sed -n 1p)" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
 step "Mutants: each deliberate bug (GPU path on the simulated device, slot ledger, join plan, re-padding, the strided copy) is caught by a test"
 $PY tests/mutations/run.py
 step "Types: mypy --strict on the package (with the stubs of its compiled modules)"
 $PY -m pip install -q "mypy==2.4.1"
 $PY -m mypy --strict --no-incremental python/batchcast
-step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"
-bash scripts/wheel-check.sh
-step "The same wheel under a second torch (2.14.1, a CUDA build on the CPU): the capability set (pytest -m every_torch)"
-# One wheel for every torch from the floor (2.11) on: the wheel just checked,
-# installed beside another torch release, runs every capability once.
-bash scripts/torch-versions.sh "$(ls -t dist/batchcast-*.whl | sed -n 1p)" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
 step "sdist: pip builds it against the installed torch, or stops at once naming the command; it builds in a Debian root with a compiler, CMake and torch alone"
 bash scripts/sdist-check.sh

@@ -40,6 +40,9 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 { [ -f "$wheel" ] && [[ $wheel == *.whl ]]; } || fail "no wheel at $wheel"
+# pip takes a wheel by its file name (name-version-python-abi-platform.whl).
+[[ $(basename "$wheel") =~ ^[A-Za-z0-9_.]+-[A-Za-z0-9_.+]+(-[0-9][A-Za-z0-9_]*)?-[a-z0-9_.]+-[a-z0-9_.]+-[a-z0-9_.]+\.whl$ ]] ||
+  fail "$(basename "$wheel") is not a wheel's file name (pip would refuse it): keep the name the build gave it"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/batchcast-torch.XXXXXX")
 if [ "${BATCHCAST_KEEP_VENVS:-0}" = 1 ]; then
@@ -121,7 +124,7 @@ EOF
   else
     if ! "$V" -m pip install "$wheel" >"$log" 2>&1; then
       cat "$log" >&2
-      fail "torch $v: the wheel's requirements do not resolve against torch $v without replacing it (the wheel requires ${wheel_torch})"
+      fail "torch $v: pip could not install the wheel beside torch $v (it requires ${wheel_torch}): $(grep -E '^ERROR' "$log" | tail -1)"
     fi
     quiet "$V" -m pip check
   fi

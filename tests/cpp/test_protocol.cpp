@@ -78,6 +78,11 @@ TEST(Protocol, AnnouncementRoundTrip) {
   EXPECT_EQ(t.offset, 4096u);
   EXPECT_EQ(t.nbytes(), 4u * 3 * 8 * 8 * 4);
   EXPECT_EQ(std::get<ListLeaf>(b.leaves[1]).items, std::get<ListLeaf>(a.leaves[1]).items);
+  EXPECT_TRUE(b.indices.empty());  // the producer did not know its samples' dataset indices
+
+  a.indices = {41, 7, -3, int64_t{1} << 40};  // it did: one per sample, any int64
+  bytes = encode(a);
+  EXPECT_EQ(std::get<Announcement>(decode(bytes.data(), bytes.size())).indices, a.indices);
 }
 
 TEST(Protocol, EveryKindRoundTrips) {
@@ -214,6 +219,13 @@ TEST(Protocol, InconsistentAnnouncementsAreRejected) {
   a.event = -2;
   bytes = encode(a);
   EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage);
+
+  for (std::size_t n : {1, 3, 5}) {  // sample indices: none, or one per sample
+    a = sample_announcement();
+    a.indices.assign(n, 1);
+    bytes = encode(a);
+    EXPECT_THROW(decode(bytes.data(), bytes.size()), MalformedMessage) << n << " indices";
+  }
 }
 
 TEST(Protocol, GpuRingsTravelAsHandlesOnly) {

@@ -24,6 +24,10 @@ struct CountingSink : ReleaseSink {
   void release(uint64_t seq, const std::optional<cuda::StreamRef>&) noexcept override { released.insert(seq); }
 };
 
+// The dataset index a producer names for the sample at stream position `id`
+// (a permutation, as a shuffling sampler's).
+int64_t dataset_index(int64_t id) { return (id * 7919 + 13) % 100003; }
+
 // A fake ring of int64 sample ids: loader batch k holds ids [start, start+n)
 // laid out back to back, as the producer's lanes do.
 struct FakeRing {
@@ -32,6 +36,7 @@ struct FakeRing {
   int64_t next_id = 0;
   uint64_t next_offset = 0;
   uint64_t seq = 0;
+  bool indexed = false;  // the producer sends dataset indices (dataset_index of each id)
 
   LoaderBatch make(int64_t n, int64_t epoch = 0, bool gap = false) {
     if (gap) next_offset += 64;
@@ -42,7 +47,10 @@ struct FakeRing {
     a.samples = n;
     a.position = next_id;  // ids are stream positions
     a.layout = "L";
-    for (int64_t i = 0; i < n; ++i) memory[next_offset / 8 + static_cast<uint64_t>(i)] = next_id++;
+    for (int64_t i = 0; i < n; ++i) {
+      if (indexed) a.indices.push_back(dataset_index(next_id));
+      memory[next_offset / 8 + static_cast<uint64_t>(i)] = next_id++;
+    }
     a.leaves.push_back(TensorLeaf{DType::Int64, {n}, next_offset});
     a.leaves.push_back(protocol::ListLeaf{protocol::ListKind::Text, {}});
     for (int64_t i = 0; i < n; ++i) {
@@ -59,6 +67,18 @@ std::vector<int64_t> ids(const Batch& b) {
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
 }
 
+// Each sample of a batch comes with its identity: the dataset index the
+// producer sent, else its position in the producer's epoch (the id its
+// tensor holds; padding samples keep the identity of the sample they repeat).
+void expect_identities(const Batch& b, bool indexed) {
+  std::vector<int64_t> want = ids(b);
+  if (indexed) {
+    for (int64_t& id : want) id = dataset_index(id);
+  }
+  ASSERT_EQ(b.indices, want);
+  ASSERT_EQ(b.indexed, indexed);
+}
+
 }  // namespace
 
 TEST(Rebatcher, ExactlyOnceInOrderForManySizes) {
@@ -67,11 +87,13 @@ TEST(Rebatcher, ExactlyOnceInOrderForManySizes) {
       for (int64_t total : {0, 1, 10, 101}) {
         for (bool drop_last : {false, true}) {
           FakeRing ring;
+          ring.indexed = (loader + consumer + total) % 2 == 1;
           Rebatcher r(consumer, drop_last);
           std::vector<int64_t> seen;
           std::vector<std::size_t> sizes;
           auto drain = [&](std::optional<Batch> b) {
             while (b) {
+              expect_identities(*b, ring.indexed);
               auto v = ids(*b);
               auto names = std::get<Items>(b->leaves[1]).values;
               ASSERT_EQ(names.size(), v.size());
@@ -137,6 +159,7 @@ TEST(Rebatcher, SpillingBoundsHeldSlotsAndKeepsEverySample) {
   // copied out, so no more than 2 slots are ever held, and nothing is lost.
   for (int64_t consumer : {5, 9, 30}) {
     FakeRing ring;
+    ring.indexed = consumer != 9;
     Rebatcher r(consumer, false);
     r.set_max_pending(1);
     std::vector<int64_t> seen;
@@ -144,6 +167,7 @@ TEST(Rebatcher, SpillingBoundsHeldSlotsAndKeepsEverySample) {
       r.push(ring.make(4));
       ASSERT_LE(ring.seq - ring.sink->released.size(), 2u) << "B=" << consumer;
       while (auto b = r.pop()) {
+        expect_identities(*b, ring.indexed);  // spilled samples keep theirs
         auto v = ids(*b);
         auto names = std::get<Items>(b->leaves[1]).values;
         for (std::size_t k = 0; k < v.size(); ++k) ASSERT_EQ(names[k], std::to_string(v[k]));
@@ -293,12 +317,14 @@ TEST(Rebatcher, GroupRanksTakeDisjointPartsWithEqualCountsAndPaddedTails) {
               std::multiset<int64_t> together;
               for (int64_t r = 0; r < W; ++r) {
                 FakeRing ring;
+                ring.indexed = (N + L) % 2 == 1;
                 Rebatcher reb(B, drop_last, GroupRank{static_cast<int32_t>(r), static_cast<int32_t>(W)});
                 reb.set_max_pending(2);
                 reb.begin_epoch(known ? N : -1);
                 std::vector<std::vector<int64_t>> got;
                 auto drain = [&](std::optional<Batch> b) {
                   while (b) {
+                    expect_identities(*b, ring.indexed);  // the padded tail repeats identities too
                     auto v = ids(*b);
                     auto names = std::get<Items>(b->leaves[1]).values;
                     ASSERT_EQ(names.size(), v.size());

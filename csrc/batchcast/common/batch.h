@@ -20,6 +20,12 @@ struct Batch {
   int64_t samples = 0;
   std::string layout;
   std::vector<Leaf> leaves;
+  // Which samples these are. Published: each sample's index in the loader's
+  // dataset where the producer knows it, else empty. Received: each sample's
+  // identity, its dataset index where the producer sent them (`indexed`),
+  // else its position in the producer's epoch.
+  std::vector<int64_t> indices;
+  bool indexed = false;
 };
 
 }  // namespace batchcast

@@ -31,6 +31,11 @@ LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
   copy.announcement = b.announcement;
   copy.announcement.samples = count;
   copy.announcement.position = b.announcement.position + from;
+  if (!b.announcement.indices.empty()) {
+    copy.announcement.indices.assign(b.announcement.indices.begin() + from,
+                                     b.announcement.indices.begin() + from + count);
+  }
+  copy.positions = b.positions;
   for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
     if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
       if (b.spilled()) {
@@ -280,6 +285,12 @@ bool Rebatcher::waiting() const {
 void Rebatcher::push(LoaderBatch batch) {
   const int64_t position = batch.announcement.position;
   const int64_t samples = batch.announcement.samples;
+  std::vector<int64_t>& ids = batch.announcement.indices;
+  if (ids.empty() && samples > 0) {  // known by their positions in the producer's epoch
+    ids.resize(static_cast<std::size_t>(samples));
+    for (int64_t i = 0; i < samples; ++i) ids[static_cast<std::size_t>(i)] = position + i;
+    batch.positions = true;
+  }
   end_ = std::max(end_, position + samples);
   if (!batch_size_ && samples == 0 && position >= skip_) {
     pending_.push_back(std::move(batch));  // forwarded as it is: the loader yielded it
@@ -396,6 +407,13 @@ Batch Rebatcher::take(int64_t n) {
   out.epoch = first.epoch;
   out.samples = n;
   out.layout = first.layout;
+  out.indexed = true;
+  out.indices.reserve(static_cast<std::size_t>(n));
+  for (const Piece& p : pieces) {
+    const std::vector<int64_t>& ids = p.batch->announcement.indices;
+    out.indices.insert(out.indices.end(), ids.begin() + p.start, ids.begin() + p.start + p.count);
+    out.indexed = out.indexed && !p.batch->positions;
+  }
   for (std::size_t k = 1; k < pieces.size(); ++k) {
     check_same_structure(pieces[k - 1].batch->announcement, pieces[k].batch->announcement);
   }

@@ -62,6 +62,9 @@ struct LoaderBatch {
   std::shared_ptr<ReleaseToken> token;
   std::vector<Tensor> owned;
   Device device = cpu_device();
+  // announcement.indices are the samples' positions in the producer's epoch
+  // (filled in by the rebatcher: the producer did not know dataset indices).
+  bool positions = false;
   bool spilled() const { return token == nullptr; }
 };
 

@@ -348,6 +348,10 @@ Producer::Layout Producer::validate(const Batch& batch) const {
                             " items");
     }
   }
+  if (!batch.indices.empty() && static_cast<int64_t>(batch.indices.size()) != batch.samples) {
+    throw InvalidArgument("a batch of " + std::to_string(batch.samples) + " samples names " +
+                          std::to_string(batch.indices.size()) + " sample indices (give one per sample, or none)");
+  }
   ring_->check(batch);
   return layout;
 }
@@ -544,6 +548,7 @@ void Producer::announce(const Batch& batch, const RingSlot& slot, const Layout& 
   a.event = slot.event;
   a.samples = batch.samples;
   a.layout = batch.layout;
+  a.indices = batch.indices;
   std::size_t lane = 0;
   for (const Leaf& leaf : batch.leaves) {
     if (const auto* t = std::get_if<Tensor>(&leaf)) {

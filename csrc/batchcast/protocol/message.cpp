@@ -283,6 +283,10 @@ void write(Writer& w, const Announcement& m) {
   w.text(m.layout);
   w.put<uint32_t>(static_cast<uint32_t>(m.leaves.size()));
   for (const auto& leaf : m.leaves) encode_leaf(w, leaf);
+  w.put<uint32_t>(static_cast<uint32_t>(m.indices.size()));
+  if (!m.indices.empty()) {
+    w.raw(std::string(reinterpret_cast<const char*>(m.indices.data()), m.indices.size() * sizeof(int64_t)));
+  }
 }
 void read(Reader& r, Announcement& m) {
   m.epoch = r.get<int64_t>();
@@ -300,6 +304,16 @@ void read(Reader& r, Announcement& m) {
   std::size_t n = r.count(kMaxLeaves, 2);
   m.leaves.reserve(n);
   for (std::size_t i = 0; i < n; ++i) m.leaves.push_back(decode_leaf(r, m.samples));
+  const std::size_t k = r.count(kMaxItems, sizeof(int64_t));
+  if (k != 0 && k != static_cast<uint64_t>(m.samples)) {
+    throw MalformedMessage("announcement of " + std::to_string(m.samples) + " samples with " + std::to_string(k) +
+                           " sample indices");
+  }
+  if (k != 0) {
+    m.indices.resize(k);
+    const std::string bytes = r.raw(k * sizeof(int64_t));
+    std::memcpy(m.indices.data(), bytes.data(), bytes.size());
+  }
 }
 
 void write(Writer& w, const EpochEnd& m) {

@@ -16,7 +16,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 8;
+constexpr uint16_t kVersion = 9;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -178,6 +178,10 @@ struct Announcement {
   int64_t position = 0;  // samples of its epoch before it: where it lies in the stream
   std::string layout;  // opaque structure description (JSON written by the Python package)
   std::vector<Leaf> leaves;
+  // Each sample's index in the loader's dataset, in the batch's order, where
+  // the producer knows them (its loader's sampler said); else empty, and a
+  // sample is known by its position in the epoch (position + i).
+  std::vector<int64_t> indices;
 };
 
 struct EpochEnd {

@@ -339,13 +339,14 @@ PYBIND11_MODULE(_C, m) {
            "The epoch's order of dataset indices, given the loader's fresh one (join_any_time)")
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
-              std::optional<uint64_t> lease, bool in_place) {
+              std::optional<uint64_t> lease, bool in_place, std::optional<std::vector<int64_t>> indices) {
              Batch batch{0, samples, layout, leaves_from_python(leaves)};
+             if (indices) batch.indices = std::move(*indices);
              // Seconds spent waiting for ring space.
              return released(b, [&](Producer& p) { return p.publish(batch, lease, in_place); });
            },
            py::arg("leaves"), py::arg("layout"), py::arg("samples"), py::arg("lease") = py::none(),
-           py::arg("in_place") = false)
+           py::arg("in_place") = false, py::arg("indices") = py::none())
       .def("lease",
            [](BoundProducer& b, int64_t limit) -> py::object {
              std::optional<Producer::Lease> l =
@@ -408,11 +409,21 @@ PYBIND11_MODULE(_C, m) {
                   "[(name, type, default)] of every option, in order")
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
-           [](BoundConsumer& b) -> py::object {
+           [](BoundConsumer& b, bool indices) -> py::object {
              std::optional<Batch> batch = released(b, [](Consumer& c) { return c.next(); });
              if (!batch) return py::none();
-             return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples);
-           })
+             if (!indices) return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples);
+             Tensor ids = empty({static_cast<int64_t>(batch->indices.size())}, ScalarType::Long, cpu_device());
+             if (!batch->indices.empty()) {
+               std::memcpy(ids.mutable_data_ptr(), batch->indices.data(), batch->indices.size() * sizeof(int64_t));
+             }
+             return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples,
+                                   python::tensor_to_python(std::move(ids)), batch->indexed);
+           },
+           py::arg("indices") = false,
+           "(layout, leaves, samples), or None at the epoch's end; with indices=True also each sample's "
+           "identity (an int64 tensor) and whether those are dataset indices (else positions in the "
+           "producer's epoch)")
       .def("close",
            [](BoundConsumer& b) {
              if (!b.core) return;

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         Refused,
     )
     from ._in_ring import collate
+    from ._transform import TransformError
     from .consumer import Consumer
     from .producer import Producer
 
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 # Consumer` and the exceptions work as plain attributes.
 _FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "EpochsExhausted", "Error", "Evicted", "GroupError", "LoaderError",
               "NameInUse", "ProducerLost", "RebatchError", "Refused")
-_FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer", "collate": "._in_ring"}
+_FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer", "collate": "._in_ring",
+                "TransformError": "._transform"}
 
 
 def _version() -> str:
@@ -106,6 +108,7 @@ __all__ = [
     "RebatchError",
     "Refused",
     "ResumeWarning",
+    "TransformError",
     "collate",
     "cuda_available",
 ]

@@ -190,15 +190,19 @@ def _find_namedtuple(module: str, qualname: str, fields: list[str]) -> type:
     return collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
 
 
-def unflatten(layout: str, leaves: list[Leaf]) -> Any:
+def tree_of(layout: str) -> list[Any]:
+    """The structure a layout describes (parsed once per layout)."""
     tree = _layouts.get(layout)
     if tree is None:
         tree = json.loads(layout)
         if len(_layouts) > 256:
             _layouts.clear()
         _layouts[layout] = tree
+    return tree
 
-    return _build(tree, leaves)
+
+def unflatten(layout: str, leaves: list[Leaf]) -> Any:
+    return _build(tree_of(layout), leaves)
 
 
 def _build(node: list[Any], leaves: list[Leaf]) -> Any:

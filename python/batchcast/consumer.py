@@ -3,11 +3,15 @@ script. Yields the producer's batches rebatched to this consumer's size."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+import concurrent.futures as futures
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 
 from ._core import _C
 from ._device import parse_device
-from ._structure import unflatten
+from ._structure import tree_of, unflatten
+from ._transform import Pending, Transform, default_threads
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -105,6 +109,39 @@ def _padding_of(pad: Any, multiple_of: Any, batch_size: int | None
     if not leaves:
         raise ValueError("pad={} declares no leaf: name the leaves to pad, or pass one value for all")
     return leaves, None, multiple_of
+
+
+class _Fetched(NamedTuple):
+    """A batch taken from the core: its samples' identities, where the
+    consumer then stands (for state_dict), and the batch, or its transform
+    under way."""
+
+    ids: Any
+    position: tuple[int, int]
+    batch: Any
+    pending: Pending | None
+
+
+def _transform_of(transform: Any, seed: Any, threads: Any, name: str) -> Transform | None:
+    if transform is None:
+        if seed is not None or threads is not None:
+            raise ValueError("seed= and transform_threads= are for a transform: pass transform= too")
+        return None
+    if not callable(transform):
+        raise TypeError(f"transform must be a function of one sample, not {type(transform).__name__}")
+    if seed is None:
+        import torch
+
+        # As a DataLoader's base seed: drawn from torch's global generator,
+        # so that torch.manual_seed() in the script makes it reproducible.
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    elif isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, not {seed!r}")
+    if threads is None:
+        threads = default_threads()
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"transform_threads must be an int >= 0 (0: in the training thread), not {threads!r}")
+    return Transform(transform, seed, threads, name)
 
 
 class EpochSamples:
@@ -233,6 +270,30 @@ class Consumer:
     (``stats()["repadded"]`` counts them). A leaf whose shapes differ and that
     ``pad`` does not name raises ``batchcast.RebatchError`` saying so.
 
+    ``transform`` is this trainer's own augmentation of the shared samples
+    (the producer's loader decodes and resizes; each trainer augments): a
+    function called once per sample, with that sample (the batch's
+    structure, each tensor indexed at the sample: ``(image, label)``), whose
+    results are collated as a DataLoader's default collate would. Its
+    randomness is per sample and reproducible: given a parameter named
+    ``generator``, it gets a ``torch.Generator`` (on the CPU) seeded from
+    ``seed``, this consumer's epoch and the sample's identity (its dataset
+    index, where the producer knows it; else its position in the producer's
+    epoch), so a sample's augmentation in an epoch is the same whatever the
+    batch size, wherever the trainer joined, and after a resume. Such a
+    function runs on ``transform_threads`` threads (default: up to 4), one
+    batch ahead of the training loop. A function without ``generator`` (one
+    that draws from torch's global generator, as torchvision's transforms
+    do) is seeded the same way per sample but runs one sample at a time in
+    the training thread. ``seed`` defaults to one drawn from torch's global
+    generator (``torch.manual_seed`` makes it reproducible); ``state_dict()``
+    keeps it. Batches on a GPU are transformed on a side stream. An
+    exception in the transform is a ``batchcast.TransformError`` naming the
+    sample and the epoch.
+
+    ``with_indices=True`` yields ``(batch, indices)``: an int64 tensor of each
+    sample's identity as above (``stats()["sample_identity"]`` says which).
+
     ``state_dict()`` is where the consumer stands (epoch, and position in the
     producer's stream), as torchdata's ``StatefulDataLoader`` has it;
     ``Consumer(..., state=saved)`` or ``load_state_dict(saved)`` continues from
@@ -264,6 +325,10 @@ class Consumer:
         shared_gpu_views: bool = False,
         pad: float | Mapping[Any, float] | None = None,
         pad_to_multiple_of: int | None = None,
+        transform: Callable[..., Any] | None = None,
+        seed: int | None = None,
+        transform_threads: int | None = None,
+        with_indices: bool = False,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
@@ -279,6 +344,21 @@ class Consumer:
         self.drop_last = bool(drop_last)
         self.group, self.rank, self.world_size = _group_of(group, rank, world_size, batch_size)
         self._padding = _padding_of(pad, pad_to_multiple_of, batch_size)
+        self._seed_given = seed is not None
+        self._transform = _transform_of(transform, seed, transform_threads, name)
+        self.with_indices = bool(with_indices)
+        # The producer's epoch this consumer's epoch 0 began in (its epochs
+        # are counted from there: a transform's seeds use that count).
+        self._epoch_zero: int | None = None
+        self._resumed_number = 0  # the epoch number a restored state was in
+        # One batch fetched and transformed ahead of the training loop (a
+        # transform with threads), and where the consumer stands without it.
+        self._ahead: futures.Future[_Fetched | None] | None = None
+        self._handed: tuple[int, int] | None = None
+        self._core_lock = threading.Lock()
+        self._fetcher: futures.ThreadPoolExecutor | None = None
+        if self._transform is not None and self._transform.pool is not None:
+            self._fetcher = futures.ThreadPoolExecutor(1, thread_name_prefix=f"batchcast-fetch-{name}")
         placement, cuda_device = _C.Placement.AUTO, -1
         if device is not None:
             kind, cuda_device = parse_device(device, "device")
@@ -321,6 +401,10 @@ class Consumer:
         resume: _Resume = {}
         if state is not None:
             self._check_state(state)
+            self._epoch_zero = None
+            self._resumed_number = int(state.get("epoch_number", 0))
+            if self._transform is not None and state.get("seed") is not None:
+                self._transform.seed = int(state["seed"])
             if state["epoch"] is not None:
                 resume = {"resume_epoch": int(state["epoch"]),
                           "resume_position": int(state["position"]),
@@ -341,6 +425,8 @@ class Consumer:
                              f"version): {state!r}")
         mine = {"producer": self.name, "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "group": self.group, "rank": self.rank, "world_size": self.world_size}
+        if self._transform is not None and self._seed_given and state.get("seed") is not None:
+            mine["seed"] = self._transform.seed
         for key, value in mine.items():
             if state.get(key) != value:
                 raise ValueError(
@@ -353,27 +439,45 @@ class Consumer:
         stream position of the first sample it has not taken, with what it
         consumes (producer, batch size, group and rank) and the producer's
         loader. Plain data: save it with the trial's checkpoint."""
-        epoch, position = self._live().position()
-        stats = self._live().stats()
+        core = self._live()
+        with self._core_lock:
+            epoch, position = self._handed or core.position()
+            stats = core.stats()
         return {"format": _STATE_FORMAT, "producer": self.name,
                 "epoch": epoch if epoch >= 0 else None, "position": int(position),
                 "offset": int(stats["first_position"]),
+                "epoch_number": self._number_of(epoch) if epoch >= 0 else self._resumed_number,
+                "seed": None if self._transform is None else self._transform.seed,
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "group": self.group, "rank": self.rank, "world_size": self.world_size,
                 "loader": stats["loader"]}
+
+    def _number_of(self, epoch: int) -> int:
+        """This consumer's own count of the epoch that begins in (or lies
+        in) the producer's epoch `epoch`: 0 for its first, whenever it joined,
+        and after a resume the count of the epoch it was saved in."""
+        if self._epoch_zero is None:
+            return self._resumed_number
+        return epoch - self._epoch_zero
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a ``state_dict()``: rejoins the producer there (see the
         class documentation for what happens when it no longer holds it)."""
         self._check_state(state)
+        self._drop_ahead()
         core, self._core = self._live(), None
         core.close()
         self._connect(state)
 
     def __iter__(self) -> Iterator[Any]:
         core = self._live()
-        core.begin_epoch()
-        return self._epoch(core)
+        self._drop_ahead()
+        epoch = core.begin_epoch()
+        if self._epoch_zero is None:
+            self._epoch_zero = epoch - self._resumed_number
+        if self._transform is None and not self.with_indices:
+            return self._epoch(core)
+        return self._epoch_of(core, epoch - self._epoch_zero)
 
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
         while True:
@@ -382,6 +486,68 @@ class Consumer:
                 break
             layout, leaves, _ = item
             yield unflatten(layout, leaves)
+
+    def _epoch_of(self, core: _C.Consumer, number: int) -> Iterator[Any]:
+        """An epoch with the transform applied and/or the indices handed out.
+        With transform threads, from the second batch on the next batch is
+        fetched and transformed while the training loop uses this one (not
+        after the first: a peek, next(iter(loader)), gives that one back)."""
+        taken = 0
+        while True:
+            ahead, self._ahead = self._ahead, None
+            got = self._fetch(core, number) if ahead is None else ahead.result()
+            if got is None:
+                self._handed = None
+                return
+            taken += 1
+            if self._fetcher is not None and taken >= 2:
+                self._handed = got.position  # where the consumer stands with this batch
+                self._ahead = self._fetcher.submit(self._fetch, core, number)
+            else:
+                self._handed = None
+            batch = got.batch if got.pending is None else got.pending.result()
+            yield (batch, got.ids) if self.with_indices else batch
+
+    def _fetch(self, core: _C.Consumer, number: int) -> _Fetched | None:
+        """The next batch from the core, its transform started."""
+        work = self._transform
+        with self._core_lock, self._stream():
+            item = core.next(indices=True)
+            if item is None:
+                return None
+            layout, leaves, samples, ids, indexed = item
+            position = core.position()
+        if work is None or samples == 0:
+            return _Fetched(ids, position, unflatten(layout, leaves), None)
+        return _Fetched(ids, position, None, work.start(tree_of(layout), leaves, ids, indexed, number))
+
+    def _stream(self) -> Any:
+        """Where the fetch thread takes GPU batches: on the transform's side
+        stream, which then holds their ring slots until it is past them."""
+        work = self._transform
+        if work is None or threading.current_thread() is threading.main_thread() or not work._streams:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.stream(next(iter(work._streams.values())))
+
+    def _drop_ahead(self) -> None:
+        """Discards a batch fetched ahead (the epoch was left, or the
+        consumer restarts or closes)."""
+        ahead, self._ahead = self._ahead, None
+        self._handed = None
+        if ahead is None:
+            return
+        try:
+            got = ahead.result()
+        except BaseException:  # the epoch was left: what it would have raised is moot
+            return
+        if got is not None and got.pending is not None:
+            got.pending.cancel()
+            try:
+                got.pending.result()
+            except Exception:
+                pass
 
     def __len__(self) -> int:
         n = self._live().batches_per_epoch
@@ -439,6 +605,16 @@ class Consumer:
 
     def close(self) -> None:
         """Leaves the producer. Tensors already handed out stay valid."""
+        try:
+            self._drop_ahead()
+        finally:
+            for pool in (self._fetcher, self._transform):
+                if pool is not None:
+                    if isinstance(pool, Transform):
+                        pool.close()
+                    else:
+                        pool.shutdown(wait=True)
+            self._fetcher = None
         core, self._core = self._core, None
         if core is not None:
             self._stats = core.stats()
@@ -460,4 +636,7 @@ class Consumer:
         """Counters: batches and samples received, views vs copies, slots held,
         dropped malformed messages; the device batches arrive on, how they get
         there (``transfer``) and the CUDA IPC handles opened (once, at join)."""
-        return self._core.stats() if self._core is not None else dict(self._stats or {})
+        if self._core is None:
+            return dict(self._stats or {})
+        with self._core_lock:
+            return self._core.stats()

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 from ._core import _C
 from ._device import parse_device
+from ._identity import SampleIndices, why_unknown
 from ._in_ring import Leaser
 from ._order import BlockOrder, steering
 from ._structure import flatten_after
@@ -276,6 +277,17 @@ class Producer:
             # DataLoader refuses to set batch_sampler after construction; the
             # wrapper keeps its length and attributes (restored by close()).
             object.__setattr__(loader, "batch_sampler", self._order)
+        # Each batch is published with its samples' dataset indices where the
+        # loader lets the producer know them (_identity); the leases wrap
+        # around that, so that the indices noted are the loader's own.
+        self._indices: SampleIndices | None = None
+        self.indices_unknown = why_unknown(loader)
+        if self.indices_unknown is None:
+            self._indices = SampleIndices(getattr(loader, "batch_sampler"), name)
+            object.__setattr__(loader, "batch_sampler", self._indices)
+        else:
+            _log.info("producer '%s': consumers know samples by their position in the epoch, not their "
+                      "dataset index, because %s", name, self.indices_unknown)
         self._leaser = Leaser(loader, self._core, in_flight) if in_place else None
         if key is not None:
             _open[key] = weakref.ref(self)
@@ -340,7 +352,8 @@ class Producer:
                     batch, lease, in_place = leaser.unpack(batch)
                 try:
                     leaves, layout, samples, self._tree = flatten_after(batch, self._tree)
-                    core.publish(leaves, layout, samples, lease, in_place)
+                    indices = None if self._indices is None else self._indices.take(samples, epoch, batches)
+                    core.publish(leaves, layout, samples, lease, in_place, indices)
                 except (TypeError, ValueError) as exc:  # a batch it cannot share
                     raise _CannotShare(f"loader batch {batches}: {exc}") from exc
                 del batch, leaves  # views of the ring: none outlives the producer
@@ -446,6 +459,9 @@ class Producer:
         if self._leaser is not None:
             self._leaser.restore()  # the loader as it was given
             self._leaser = None
+        if self._indices is not None:
+            object.__setattr__(self.loader, "batch_sampler", self._indices.batch_sampler)
+            self._indices = None
         if self._order is not None:
             object.__setattr__(self.loader, "batch_sampler", self._order.batch_sampler)
             self._order = None

@@ -450,6 +450,7 @@ std::optional<Batch> Consumer::hand_out(std::optional<Batch> batch) {
   if (!batch) return batch;
   batches_ += 1;
   samples_ += batch->samples;
+  if (batch->samples > 0) sample_identity_ = batch->indexed ? "dataset index" : "position";
   if (copy_out_) {
     const std::vector<bool>& views = rebatcher_.last_batch_views();
     bool copied = false;
@@ -601,6 +602,7 @@ ConsumerStats Consumer::stats() const {
   s.first_position = first_position_;
   s.batches = batches_;
   s.samples = samples_;
+  s.sample_identity = sample_identity_;
   s.loader_batches = c.received;
   s.views = rebatcher_.stats().views;
   s.copies = rebatcher_.stats().copies;

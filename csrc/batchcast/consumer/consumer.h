@@ -112,6 +112,9 @@ struct ConsumerOptions {
   X(int64_t, first_position, 0)                                                              \
   X(int64_t, batches, 0)          /* handed to the caller */                                 \
   X(int64_t, samples, 0)                                                                     \
+  /* how the last batch's samples are known: "dataset index" (the producer said), */         \
+  /* "position" (in the producer's epoch), "" before the first batch               */        \
+  X(std::string, sample_identity, "")                                                        \
   X(int64_t, loader_batches, 0)   /* announcements received */                               \
   X(int64_t, views, 0)            /* tensors that are views of shared memory */              \
   X(int64_t, copies, 0)           /* tensors concatenated across a ring wrap or a spill */   \
@@ -233,6 +236,7 @@ class Consumer {
   int64_t loader_batches_per_epoch_ = -1;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
+  std::string sample_identity_;
   protocol::Resume resume_ = protocol::Resume::None;
   int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
   int64_t resume_position_ = 0;

@@ -1,0 +1,348 @@
+"""A consumer's own transform of the shared samples: decode once in the
+producer, augment per trainer.
+
+Each sample of a batch is passed to the trainer's function on its own, with
+a ``torch.Generator`` seeded from (the consumer's seed, the consumer's epoch,
+the sample's identity): its dataset index where the producer knows it, else
+its position in the producer's epoch. So a sample's augmentation in an epoch
+is the same whatever the batch size, wherever the trainer joined, and after a
+resume; different seeds give different ones; samples of one batch draw
+independently. The results are collated as a DataLoader's default collate
+would (tensors stacked, numbers made tensors, strings listed), written straight
+into the batch's tensors by the threads that made them.
+
+A function with a parameter named ``generator`` runs on ``threads`` threads
+(torch ops release the GIL). One without draws from torch's global generator:
+it is seeded per sample (the caller's state saved and restored around each)
+and so runs one sample at a time, in the thread that asks for the batch.
+
+Batches on a GPU are transformed on a side stream of their device; the
+stream that asks for the batch waits for that work before it gets the batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import inspect
+import json
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ._core import _C
+from ._structure import TEXT
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: 64 well-mixed bits of x."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, identity: int) -> int:
+    """The seed of one sample's generator: a function of the consumer's seed,
+    its epoch and the sample's identity, nothing else."""
+    return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (identity & _MASK))
+
+
+class TransformError(_C.Error):  # type: ignore[misc, name-defined]
+    """A consumer's transform raised on a sample; the message names the
+    sample (its dataset index, or its position in the epoch) and the epoch,
+    and the original exception is its ``__cause__``."""
+
+    def __init__(self, message: str, identity: int, epoch: int) -> None:
+        super().__init__(message)
+        self.identity = identity
+        self.epoch = epoch
+
+
+def takes_generator(fn: Callable[..., Any]) -> bool:
+    """Whether fn has a parameter named ``generator`` (keyword or positional)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    p = parameters.get("generator")
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+def default_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+# ---- one sample in, one sample out -------------------------------------------
+
+def _sample(node: list[Any], leaves: Sequence[Any], i: int) -> Any:
+    """Sample i of a batch laid out as `node` (see _structure.unflatten)."""
+    tag = node[0]
+    if tag == "T":
+        return leaves[node[1]][i]
+    if tag == "S":
+        kind, values = leaves[node[1]]
+        return values[i] if kind == TEXT else json.loads(values[i])
+    if tag == "v":
+        return node[1]
+    if tag == "z":
+        return torch.tensor(node[1], dtype=getattr(torch, node[2]))
+    if tag == "d":
+        return dict(zip(node[1], (_sample(c, leaves, i) for c in node[2])))
+    if tag == "t":
+        return tuple(_sample(c, leaves, i) for c in node[1])
+    if tag == "l":
+        return [_sample(c, leaves, i) for c in node[1]]
+    if tag == "n":
+        from ._structure import _namedtuple_class
+
+        return _namedtuple_class(node[1], node[2], node[3])(*(_sample(c, leaves, i) for c in node[4]))
+    raise ValueError(f"unknown layout node {tag!r}")
+
+
+def _shape_of(result: Any, path: str = "sample") -> Any:
+    """What a transformed sample is made of: its containers, and for each
+    leaf ("tensor", shape, dtype, device), ("number", type) or ("value",)."""
+    if isinstance(result, torch.Tensor):
+        return ("tensor", tuple(result.shape), result.dtype, result.device)
+    if isinstance(result, bool):
+        return ("number", bool)
+    if isinstance(result, int):
+        return ("number", int)
+    if isinstance(result, float):
+        return ("number", float)
+    if isinstance(result, dict):
+        return ("dict", tuple(result), tuple(_shape_of(v, f"{path}[{k!r}]") for k, v in result.items()))
+    if isinstance(result, tuple) and hasattr(type(result), "_fields"):
+        return ("namedtuple", type(result), tuple(_shape_of(v) for v in result))
+    if isinstance(result, (tuple, list)):
+        return (type(result).__name__, len(result), tuple(_shape_of(v) for v in result))
+    return ("value",)
+
+
+def _leaves_of(result: Any, out: list[Any]) -> list[Any]:
+    """The leaves of a transformed sample, in _shape_of's order."""
+    if isinstance(result, dict):
+        for v in result.values():
+            _leaves_of(v, out)
+    elif isinstance(result, (tuple, list)):
+        for v in result:
+            _leaves_of(v, out)
+    else:
+        out.append(result)
+    return out
+
+
+def _describe(shape: Any) -> str:
+    kind = shape[0]
+    if kind == "tensor":
+        return f"a tensor of shape {list(shape[1])} {str(shape[2]).replace('torch.', '')} on {shape[3]}"
+    if kind == "number":
+        return f"a {shape[1].__name__}"
+    if kind == "value":
+        return "a value"
+    if kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {_describe(s)}" for k, s in zip(shape[1], shape[2])) + "}"
+    inner = ", ".join(_describe(s) for s in shape[2])
+    return f"({inner})" if kind != "list" else f"[{inner}]"
+
+
+class _Collated:
+    """The batch the transformed samples are written into: made from the
+    first sample that finishes, filled row by row by the threads."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.lock = threading.Lock()
+        self.shape: Any = None
+        self.first: int = -1  # the sample the structure was taken from
+        self.tensors: list[torch.Tensor | None] = []
+        self.values: list[list[Any] | None] = []
+        self.template: Any = None
+
+    def place(self, i: int, result: Any, name: Callable[[int], str]) -> None:
+        shape = _shape_of(result)
+        with self.lock:
+            if self.shape is None:
+                self.shape, self.first, self.template = shape, i, result
+                for leaf in _leaves_of(result, []):
+                    if isinstance(leaf, torch.Tensor):
+                        self.tensors.append(torch.empty((self.samples, *leaf.shape), dtype=leaf.dtype,
+                                                        device=leaf.device))
+                        self.values.append(None)
+                    else:
+                        self.tensors.append(None)
+                        self.values.append([None] * self.samples)
+        if shape != self.shape:
+            raise TypeError(
+                f"the transform returned {_describe(shape)} for {name(i)}, but {_describe(self.shape)} for "
+                f"{name(self.first)}: samples of one batch need one structure, and tensors one shape and "
+                "dtype (crop or resize to a fixed size in the transform)")
+        for k, leaf in enumerate(_leaves_of(result, [])):
+            target = self.tensors[k]
+            if target is not None:
+                target[i].copy_(leaf)
+            else:
+                values = self.values[k]
+                assert values is not None
+                values[i] = leaf
+
+    def batch(self) -> Any:
+        leaves = []
+        for target, values in zip(self.tensors, self.values):
+            if target is not None:
+                leaves.append(target)
+            else:
+                assert values is not None
+                first = values[0]
+                # As default_collate: numbers become a tensor (floats as
+                # float64), the rest a list.
+                if isinstance(first, float):
+                    leaves.append(torch.tensor(values, dtype=torch.float64))
+                elif isinstance(first, int):
+                    leaves.append(torch.tensor(values))
+                else:
+                    leaves.append(values)
+        it = iter(leaves)
+        return _rebuild(self.template, it)
+
+
+def _rebuild(template: Any, leaves: Any) -> Any:
+    if isinstance(template, dict):
+        return {k: _rebuild(v, leaves) for k, v in template.items()}
+    if isinstance(template, tuple) and hasattr(type(template), "_fields"):
+        return type(template)(*(_rebuild(v, leaves) for v in template))
+    if isinstance(template, (tuple, list)):
+        return type(template)(_rebuild(v, leaves) for v in template)
+    return next(leaves)
+
+
+class Pending:
+    """One batch being transformed: `result()` waits for it."""
+
+    def __init__(self, work: "Transform", layout: Any, leaves: list[Any], ids: torch.Tensor,
+                 indexed: bool, epoch: int) -> None:
+        self.work = work
+        self.leaves = leaves  # kept until the batch is handed out (GPU: see result)
+        self.ids = ids
+        self.indexed = indexed
+        self.epoch = epoch
+        self.samples = int(ids.numel())
+        self.out = _Collated(self.samples)
+        self.errors: dict[int, BaseException] = {}
+        self.cuda = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
+        self.stream: Any = None
+        self.tasks: list[futures.Future[None]] = []
+        identities = ids.tolist()
+        self.identities = identities
+        if self.cuda is not None:
+            self.stream = work.side_stream(self.cuda)
+            # The samples are ready on the stream that took the batch.
+            self.stream.wait_stream(torch.cuda.current_stream(self.cuda))
+        if work.pool is None:
+            self._run(layout, 0, self.samples)
+        else:
+            chunks = min(work.threads, max(1, self.samples))
+            bounds = [self.samples * c // chunks for c in range(chunks + 1)]
+            for a, b in zip(bounds, bounds[1:]):
+                if b > a:
+                    self.tasks.append(work.pool.submit(self._run, layout, a, b))
+
+    def name(self, i: int) -> str:
+        identity = self.identities[i]
+        what = f"sample {identity} (its dataset index)" if self.indexed else \
+            f"the sample at position {identity} of the producer's epoch"
+        return what
+
+    def _run(self, layout: Any, a: int, b: int) -> None:
+        work = self.work
+        if self.stream is not None:
+            with torch.cuda.device(self.cuda), torch.cuda.stream(self.stream):
+                self._samples(layout, a, b)
+        else:
+            self._samples(layout, a, b)
+
+    def _samples(self, layout: Any, a: int, b: int) -> None:
+        work = self.work
+        for i in range(a, b):
+            try:
+                sample = _sample(layout, self.leaves, i)
+                seed = sample_seed(work.seed, self.epoch, self.identities[i])
+                if work.with_generator:
+                    generator = torch.Generator()
+                    generator.manual_seed(seed)
+                    result = work.fn(sample, generator=generator)
+                else:
+                    devices = [self.cuda] if self.cuda is not None else []
+                    with torch.random.fork_rng(devices=devices):
+                        torch.manual_seed(seed)
+                        result = work.fn(sample)
+                self.out.place(i, result, self.name)
+            except Exception as exc:  # reaches the training loop with the sample named
+                self.errors[i] = exc
+                return  # the rest of this chunk is not needed: the batch fails
+
+    def result(self) -> Any:
+        """The transformed batch; raises TransformError for the first sample
+        (in the batch's order) whose transform raised."""
+        for task in self.tasks:
+            task.result()
+        if self.errors:
+            i = min(self.errors)
+            exc = self.errors[i]
+            raise TransformError(
+                f"consumer '{self.work.name}': its transform raised on {self.name(i)} in epoch {self.epoch}: "
+                f"{type(exc).__name__}: {exc}", self.identities[i], self.epoch) from exc
+        batch = self.out.batch() if self.samples > 0 else None
+        if self.stream is not None:
+            # The asking stream waits for the side stream's work; the batch's
+            # memory is then in use on it (the allocator must not hand it out
+            # again before it is past it); the ring's samples go back only
+            # after that wait (their release is recorded on the asking stream).
+            current = torch.cuda.current_stream(self.cuda)
+            current.wait_stream(self.stream)
+            for t in self.out.tensors:
+                if t is not None:
+                    t.record_stream(current)
+        self.leaves = []
+        return batch
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+
+class Transform:
+    """A consumer's transform: the function, its seed and its threads."""
+
+    def __init__(self, fn: Callable[..., Any], seed: int, threads: int, name: str) -> None:
+        self.fn = fn
+        self.seed = seed
+        self.name = name
+        self.with_generator = takes_generator(fn)
+        self.threads = threads if self.with_generator else 0
+        self.pool: futures.ThreadPoolExecutor | None = None
+        if self.threads > 0:
+            self.pool = futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"batchcast-transform-{name}")
+        self._streams: dict[Any, Any] = {}
+
+    def side_stream(self, device: Any) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        return stream
+
+    def start(self, layout: Any, leaves: list[Any], ids: torch.Tensor, indexed: bool, epoch: int) -> Pending:
+        return Pending(self, layout, leaves, ids, indexed, epoch)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None

@@ -24,8 +24,10 @@ it does not load against the CPU build of torch here).
                          trial hands to bc.Consumer(..., transform=augment)
   sample_generator(seed, epoch, index)
                          the per-sample generator a DataLoader trial seeds
-                         itself (a batchcast consumer seeds its own from
-                         (seed, epoch, sample identity))
+                         itself, as a batchcast consumer with transform=
+                         seeds its own (from seed, epoch and the sample's
+                         dataset index): the same trial gets the same
+                         augmentation of a sample either way
   DecodedImages          dataset: sample i decodes file i % files ->
                          (uint8 3x256x256, label, index)
   AugmentedImages        dataset: DecodedImages + one trial's augmentation,
@@ -136,10 +138,35 @@ def decode_resize(path: str | os.PathLike, size: int = 256) -> torch.Tensor:
 
 
 # ---- augment per trial -----------------------------------------------------------------
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's generator: batchcast's own (a consumer with
+    transform= seeds each sample's generator with it), so a trial's own
+    DataLoader draws exactly what its batchcast consumer would; a copy of it
+    where batchcast is not installed."""
+    try:
+        from batchcast._transform import sample_seed as batchcast_seed
+    except ImportError:
+        return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+    return batchcast_seed(seed, epoch, index)
+
+
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A generator for one sample of one trial's epoch."""
-    return torch.Generator().manual_seed(((seed * 1_000_003 + epoch) * 1_000_003 + index)
-                                         % (2**63 - 1))
+    """A generator for one sample of one trial's epoch, seeded as a batchcast
+    consumer seeds it."""
+    generator = torch.Generator()
+    generator.manual_seed(sample_seed(seed, epoch, index))
+    return generator
 
 
 def _uniform(low: float, high: float, generator: torch.Generator) -> float:

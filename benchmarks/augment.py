@@ -1,8 +1,8 @@
 """Decode once, augment per trial: an augmentation sweep of K trials, each with
 its own augmentation strength, on ImageNet-sized JPEGs.
 
-    python benchmarks/augment.py                    # K = 1 2 4, 3 repeats (~25 min on 2 CPUs)
-    python benchmarks/augment.py --ks 1 2 4 8       # ... and 8 trials
+    python benchmarks/augment.py                    # K = 1 2 4, 3 repeats (~10 min on 2 CPUs)
+    python benchmarks/augment.py --ks 1 2 4 8       # ... and 8 trials (~17 min)
     python benchmarks/augment.py --quick            # smoke run (< 2 min), into benchmarks/.cache/quick/
 
 Each trial is a process of its own (multiprocessing, spawn) that takes every
@@ -69,6 +69,7 @@ import ctypes
 import datetime
 import inspect
 import json
+import logging
 import multiprocessing as mp
 import os
 import platform
@@ -282,10 +283,20 @@ def consume(it, cfg: dict) -> dict:
             "fingerprints": dict(zip(seen, prints))}
 
 
+class _NoJoinNote(logging.Filter):
+    """Drops the producer's note that a consumer joining mid-epoch would start at
+    the next epoch (the gate is not a sampler it knows): every trial here joins
+    before the start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "no joining mid-epoch" not in record.getMessage()
+
+
 def producer_main(system: str, k: int, cfg: dict, name: str, ready, go, leave, results) -> None:
     import torch
 
     torch.set_num_threads(1)
+    logging.getLogger("batchcast").addFilter(_NoJoinNote())
     out: dict[str, Any] = {"who": "producer", "pid": os.getpid(), "error": None}
     try:
         import batchcast as bc
@@ -341,14 +352,28 @@ def tree_cpu() -> float | None:
     return total
 
 
+def machine_busy() -> float | None:
+    """CPU seconds the whole machine has been busy (all processes, /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 class Failed(Exception):
     pass
 
 
-def gather(q, want: set[str], procs: dict[str, Any], deadline: float, what: str) -> dict:
-    """Items from q keyed by their first field until every name in `want` came;
-    a process of `want` that exits without one, or the deadline, fails the run."""
-    got: dict[str, Any] = {}
+def gather(q, want: set[str], procs: dict[str, Any], deadline: float, what: str,
+           got: dict[str, Any] | None = None) -> dict:
+    """Items from q, keyed by their first field or "who", into `got` until every
+    name in `want` is there; a process of `want` that exits without one, or the
+    deadline, fails the run."""
+    got = {} if got is None else got
     while not want <= set(got):
         try:
             item = q.get(timeout=0.25)
@@ -398,17 +423,18 @@ def run(system: str, k: int, cfg: dict, repeat: int) -> dict:
             p.start()
         gather(ready, set(procs), procs, deadline, "set-up")
         out["setup_s"] = time.monotonic() - started
-        cpu_go = tree_cpu()
+        busy_go, cpu_go = machine_busy(), tree_cpu()
         t_go = time.monotonic()
         go.set()
-        got = gather(results, set(trials), procs, deadline, "run")
-        cpu_end = tree_cpu()  # every trial has its last sample; all still alive
+        gather(results, set(trials), procs, deadline, "run", got)
+        cpu_end, busy_end = tree_cpu(), machine_busy()  # every trial is done; all still alive
+        t_measured = time.monotonic()
         leave.set()
         if "producer" in procs:
-            got.update(gather(results, {"producer"}, procs, time.monotonic() + 60, "producer"))
+            gather(results, {"producer"}, procs, time.monotonic() + 60, "producer", got)
     except Failed as exc:
         out["errors"].append(str(exc))
-        cpu_go = cpu_end = t_go = None
+        cpu_go = cpu_end = t_go = busy_go = busy_end = None
         while True:
             try:
                 item = results.get(timeout=0.5)
@@ -442,16 +468,22 @@ def run(system: str, k: int, cfg: dict, repeat: int) -> dict:
     samples = sum(r["samples"] for r in results_of)
     window = max(r["t_end"] for r in results_of) - t_go
     cpu_s = (cpu_end - cpu_go) if cpu_go is not None and cpu_end is not None else None
+    # the rest of the machine: CPUs busy with other work over the run (a compiler, tests...)
+    elsewhere = None
+    if cpu_s is not None and busy_go is not None and busy_end is not None:
+        elsewhere = max(0.0, (busy_end - busy_go) - cpu_s) / (t_measured - t_go)
     out.update({
         "failed": False, "t_go": t_go, "window_s": window, "samples": samples,
         "samples_per_s": samples / window,
         "per_trial_samples_per_s": [r["samples"] / (r["t_end"] - t_go) for r in results_of],
         "first_batch_s": [r["t_first"] - t_go for r in results_of],
         "cpu_s": cpu_s, "cpu_ms_per_sample": 1e3 * cpu_s / samples if cpu_s else None,
+        "cpus_busy_elsewhere": elsewhere, "loadavg_after": os.getloadavg()[0],
         "exact": all(r["exact"] for r in results_of),
         "same_as_trial0": same_as_first([r["fingerprints"] for r in results_of]),
     })
     out["trials"] = [{k2: v for k2, v in r.items() if k2 != "fingerprints"} for r in results_of]
+    out["_fingerprints"] = [r["fingerprints"] for r in results_of]  # dropped before writing
     if not out["exact"]:
         out["errors"].append("MISMATCH: " + "; ".join(
             f"{r['who']} received {r['samples']} of {cfg['images']} ({r['distinct']} distinct, "
@@ -460,14 +492,36 @@ def run(system: str, k: int, cfg: dict, repeat: int) -> dict:
     return out
 
 
+def same_share(a: dict, b: dict) -> float:
+    """The share of the samples of `a` whose image has the same fingerprint in `b`."""
+    common = [i for i in a if i in b]
+    return sum(1 for i in common if a[i] == b[i]) / max(1, len(common))
+
+
 def same_as_first(prints: list[dict]) -> list[float]:
     """For trials 1..K-1: the share of samples whose image has trial 0's fingerprint."""
-    first = prints[0]
-    shares = []
-    for other in prints[1:]:
-        common = [i for i in other if i in first]
-        shares.append(sum(1 for i in common if other[i] == first[i]) / max(1, len(common)))
-    return shares
+    return [same_share(other, prints[0]) for other in prints[1:]]
+
+
+def check_against_dataloader(res: dict, reference: list[dict] | None) -> None:
+    """Each trial's images against the DataLoader run's of the same K: a
+    batchcast-per-trial trial k must get exactly DataLoader trial k's
+    augmentation of every sample (same function, same per-sample seed), a
+    batchcast-shared trial the producer's (DataLoader trial 0's)."""
+    prints = res.pop("_fingerprints", None)
+    if res["failed"] or prints is None or reference is None or res["system"] == "dataloader":
+        return
+    if res["system"] == "batchcast-per-trial":
+        shares = [same_share(p, ref) for p, ref in zip(prints, reference)]
+    else:
+        shares = [same_share(p, reference[0]) for p in prints]
+    res["same_as_dataloader"] = shares
+    if min(shares) < 1:
+        res["errors"].append(
+            "AUGMENTATION MISMATCH: " + ", ".join(
+                f"trial{i} {s:.1%}" for i, s in enumerate(shares))
+            + " of the samples got the DataLoader trial's augmentation "
+            + ("(trial k's)" if res["system"] == "batchcast-per-trial" else "(trial 0's)"))
 
 
 # ---- D, A and C, alone -------------------------------------------------------------------
@@ -541,14 +595,22 @@ def med_range(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 
 def augmentation_cell(runs: list[dict]) -> str:
+    """Whether trials got their own augmentations, and whether a trial's images
+    were bit for bit the DataLoader trial's of the same K (same function, same
+    per-sample seed)."""
     shares = [s for r in runs for s in r.get("same_as_trial0", [])]
-    if not shares:
-        return "–"
-    if max(shares) == 0:
-        return "per trial"
-    if min(shares) == 1:
-        return "shared"
-    return f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% as trial 0's"
+    cell = "–"
+    if shares and max(shares) == 0:
+        cell = "per trial"
+    elif shares and min(shares) == 1:
+        cell = "shared"
+    elif shares:
+        cell = f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% as trial 0's"
+    same = [s for r in runs for s in r.get("same_as_dataloader", [])]
+    if same:
+        note = ("= DataLoader's" if min(same) == 1 else f"{100 * min(same):.1f}% = DataLoader's")
+        cell = note if cell == "–" else f"{cell}, {note}"
+    return cell
 
 
 def markdown(doc: dict) -> str:
@@ -568,7 +630,7 @@ def markdown(doc: dict) -> str:
         f"jitter strength 0.1 + 0.1 k and its own seed. DataLoader per trial: "
         f"{cfg['workers_note']} workers; the producer's DataLoader: "
         f"{cfg['producer_workers']} workers; per-trial consumers: {cfg['threads_note']} "
-        f"transform threads. {cfg['repeats']} repeats, systems alternated; cells are median "
+        f"transform threads. {cfg['repeats']} repeat(s), systems alternated; cells are median "
         f"[min, max].",
         "",
         f"Measured alone (one thread, CPU per sample): decode + resize to 256 **D = "
@@ -611,14 +673,14 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {k} | {b['speedup']:.2f}x | {cells[0]} | {share} | {cells[1]} |")
     lines += ["", "| K | system | samples/s, all trials | physical bound | share | per trial "
               "samples/s | CPU ms per sample | first batch s | each sample once | "
-              "augmentations |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "augmentations | CPUs busy elsewhere |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in cfg["ks"]:
         b = bounds(costs, k, cpus)
         for system in cfg["systems"]:
             runs = by.get((k, system), [])
             if system in doc.get("skipped", {}):
-                lines.append(f"| {k} | {system} | {doc['skipped'][system]} | "
-                             f"{b[system]:,.0f} | | | | | | |")
+                lines.append(f"| {k} | {system} | {doc['skipped'][system].split(':')[0]} | "
+                             f"{b[system]:,.0f} | | | | | | | |")
                 continue
             ok = [r for r in runs if not r["failed"]]
             failed = len(runs) - len(ok)
@@ -627,11 +689,14 @@ def markdown(doc: dict) -> str:
             per_trial = [statistics.mean(r["per_trial_samples_per_s"]) for r in ok]
             cpu = [r["cpu_ms_per_sample"] for r in ok if r.get("cpu_ms_per_sample")]
             first = [statistics.median(r["first_batch_s"]) for r in ok]
+            other = [r["cpus_busy_elsewhere"] for r in ok
+                     if r.get("cpus_busy_elsewhere") is not None]
             once = ("yes" if ok and all(r["exact"] for r in ok) else "**NO**" if ok else "–")
             note = f" ({failed} of {len(runs)} runs failed)" if failed else ""
             lines.append(f"| {k} | {system}{note} | {med_range(rate)} | {b[system]:,.0f} | "
                          f"{share} | {med_range(per_trial)} | {med_range(cpu, '{:.2f}')} | "
-                         f"{med_range(first, '{:.2f}')} | {once} | {augmentation_cell(ok)} |")
+                         f"{med_range(first, '{:.2f}')} | {once} | {augmentation_cell(ok)} | "
+                         f"{med_range(other, '{:.2f}')} |")
     lines += [
         "",
         "- samples/s: samples all trials received / (the last trial's last sample − the "
@@ -640,10 +705,23 @@ def markdown(doc: dict) -> str:
         "- CPU ms per sample: user + system of every process of the run (trials, producer, "
         "loader workers) from the start to the last trial's last sample, per sample received.",
         "- augmentations: per trial when no trial's image of a sample matched trial 0's (a "
-        "fingerprint of 8×8 pixels per image), shared when all did.",
+        "fingerprint of 8×8×3 pixels per image), shared when all did; \"= DataLoader's\": "
+        "every image was the one the DataLoader run of that K gave the same trial (trial 0 "
+        "for batchcast-shared), i.e. the same augmentation drawn from the same per-sample "
+        "seed.",
         "- the trials do not train (no step): the rates are what the loading delivers, on "
         "CPUs the trials do not use otherwise.",
+        "- CPUs busy elsewhere: the machine's busy CPU time over the run (/proc/stat) less "
+        "the run's own, per second: other work sharing the CPUs (0 on a quiet machine).",
     ]
+    other = [r["cpus_busy_elsewhere"] for r in doc["runs"]
+             if r.get("cpus_busy_elsewhere") is not None]
+    if other and max(other) > 0.2:
+        lines[lines.index("| K | bound speed-up K(D+A')/(D+KA') | batchcast-per-trial / "
+                          "dataloader | share of the bound | batchcast-shared / dataloader |")
+              :0] = [f"**The machine was not quiet:** other work kept up to {max(other):.2f} "
+                     f"CPUs busy during some runs (median {statistics.median(other):.2f}); the "
+                     "rates are low and noisy against the bounds. Rerun on a quiet machine.", ""]
     errors = [f"K={r['k']} {r['system']} #{r['repeat']}: {e}" for r in doc["runs"]
               for e in r["errors"]]
     if errors:
@@ -661,7 +739,12 @@ def one_line(r: dict) -> str:
             f"{r['window_s']:5.1f} s, CPU {cpu} ms/sample, first batch "
             f"{statistics.median(r['first_batch_s']):.2f} s, "
             f"{'exact' if r['exact'] else 'NOT EXACT'}"
-            + (f", same as trial 0: {max(same):.0%}" if same else ""))
+            + (f", same as trial 0: {max(same):.0%}" if same else "")
+            + (f", DataLoader's augmentation: {min(r['same_as_dataloader']):.0%}"
+               if r.get("same_as_dataloader") else "")
+            + (f", other work: {r['cpus_busy_elsewhere']:.2f} CPUs"
+               if r.get("cpus_busy_elsewhere") is not None else "")
+            + "".join(f"; {e.splitlines()[0]}" for e in r["errors"]))
 
 
 # ---- main ----------------------------------------------------------------------------------
@@ -695,7 +778,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4],
-                    help="trial counts (8 adds ~10 min on 2 CPUs)")
+                    help="trial counts (8 adds ~7 min on 2 CPUs)")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
     ap.add_argument("--images", type=int, default=4096, help="samples per trial (one epoch)")
     ap.add_argument("--files", type=int, default=512,
@@ -799,9 +882,14 @@ def main() -> None:
         for k in args.ks:
             cfg["workers"] = args.workers if args.workers is not None else max(1, cpus // k)
             cfg["threads"] = args.threads if args.threads is not None else max(1, cpus // k)
+            reference: list[dict] | None = None  # the DataLoader run's images of this K
             for r in range(args.repeats):
                 for system in systems:
                     res = run(system, k, cfg, r)
+                    if system == "dataloader":
+                        reference = None if res["failed"] else res.get("_fingerprints")
+                    check_against_dataloader(res, reference)
+                    res.pop("_fingerprints", None)
                     res["workers"] = cfg["workers"] if system == "dataloader" else None
                     res["threads"] = cfg["threads"] if system == "batchcast-per-trial" else None
                     doc["runs"].append(res)
@@ -816,7 +904,7 @@ def main() -> None:
     out.write_text(text)
     print("\n" + text)
     print(f"written: {out}, {out_json}")
-    bad = [r for r in doc["runs"] if r["failed"] or not r.get("exact")]
+    bad = [r for r in doc["runs"] if r["failed"] or not r.get("exact") or r["errors"]]
     if bad:
         sys.exit(f"{len(bad)} run(s) failed or did not deliver every sample exactly once: "
                  + "; ".join(f"K={r['k']} {r['system']} #{r['repeat']}: "

@@ -14,7 +14,8 @@ into the batch's tensors by the threads that made them.
 A function with a parameter named ``generator`` runs on ``threads`` threads
 (torch ops release the GIL). One without draws from torch's global generator:
 it is seeded per sample (the caller's state saved and restored around each)
-and so runs one sample at a time, in the thread that asks for the batch.
+and so runs one sample at a time, in the thread that asks for the batch (and
+one at a time across the process: the global generator is one per process).
 
 Batches on a GPU are transformed on a side stream of their device; the
 stream that asks for the batch waits for that work before it gets the batch.
@@ -35,6 +36,9 @@ from ._core import _C
 from ._structure import TEXT
 
 _MASK = (1 << 64) - 1
+# torch's global generator is one per process: transforms that draw from it
+# (seeded per sample, the caller's state restored) run one at a time.
+_GLOBAL_GENERATOR = threading.Lock()
 
 
 def _mix(x: int) -> int:
@@ -145,7 +149,7 @@ def _describe(shape: Any) -> str:
     if kind == "tensor":
         return f"a tensor of shape {list(shape[1])} {str(shape[2]).replace('torch.', '')} on {shape[3]}"
     if kind == "number":
-        return f"a {shape[1].__name__}"
+        return {"int": "an int", "float": "a float", "bool": "a bool"}[shape[1].__name__]
     if kind == "value":
         return "a value"
     if kind == "dict":
@@ -281,7 +285,7 @@ class Pending:
                     result = work.fn(sample, generator=generator)
                 else:
                     devices = [self.cuda] if self.cuda is not None else []
-                    with torch.random.fork_rng(devices=devices):
+                    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=devices):
                         torch.manual_seed(seed)
                         result = work.fn(sample)
                 self.out.place(i, result, self.name)

@@ -500,12 +500,12 @@ class Consumer:
                 self._handed = None
                 return
             taken += 1
+            self._handed = None
+            # (its samples in the ring are let go before the next is taken)
+            batch = got.batch if got.pending is None else got.pending.result()
             if self._fetcher is not None and taken >= 2:
                 self._handed = got.position  # where the consumer stands with this batch
                 self._ahead = self._fetcher.submit(self._fetch, core, number)
-            else:
-                self._handed = None
-            batch = got.batch if got.pending is None else got.pending.result()
             yield (batch, got.ids) if self.with_indices else batch
 
     def _fetch(self, core: _C.Consumer, number: int) -> _Fetched | None:

@@ -6,7 +6,7 @@ ConsumerOptions (consumer/consumer.h); any other keyword is a TypeError.
 """
 
 from collections.abc import Callable
-from typing import Any, ClassVar, SupportsIndex, SupportsInt, TypeAlias, final
+from typing import Any, ClassVar, Literal, SupportsIndex, SupportsInt, TypeAlias, final, overload
 
 import torch
 
@@ -133,8 +133,10 @@ class Producer:
     def order_epoch(self, fresh: list[int], /) -> list[int]: ...
     # Returns the seconds spent waiting for ring space.
     # `in_place`: a loader worker wrote the batch into lease `lease`.
+    # `indices`: each sample's index in the loader's dataset, where known.
     def publish(self, leaves: list[_Leaf], layout: str, samples: int,
-                lease: int | None = None, in_place: bool = False) -> float: ...
+                lease: int | None = None, in_place: bool = False,
+                indices: list[int] | None = None) -> float: ...
     # (seq, memfd, its bytes, offsets, bytes) of a slot reserved for a loader
     # worker in the ring's host memory (a GPU ring's pinned mirror), or None.
     def lease(self, limit: int) -> tuple[int, int, int, list[int], list[int]] | None: ...
@@ -181,8 +183,13 @@ class Consumer:
         shared_gpu_views: bool = False,
     ) -> None: ...
     def begin_epoch(self) -> int: ...
-    # (layout, leaves, samples), or None at the end of the epoch.
-    def next(self) -> tuple[str, list[_Leaf], int] | None: ...
+    # (layout, leaves, samples), or None at the end of the epoch; with
+    # indices=True also each sample's identity (int64) and whether those are
+    # dataset indices (else positions in the producer's epoch).
+    @overload
+    def next(self, indices: Literal[False] = False) -> tuple[str, list[_Leaf], int] | None: ...
+    @overload
+    def next(self, indices: Literal[True]) -> tuple[str, list[_Leaf], int, torch.Tensor, bool] | None: ...
     def close(self) -> None: ...
     @property
     def finished(self) -> bool: ...

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import importlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -192,9 +192,9 @@ def _find_namedtuple(module: str, qualname: str, fields: list[str]) -> type:
 
 def tree_of(layout: str) -> list[Any]:
     """The structure a layout describes (parsed once per layout)."""
-    tree = _layouts.get(layout)
+    tree: list[Any] | None = _layouts.get(layout)
     if tree is None:
-        tree = json.loads(layout)
+        tree = cast("list[Any]", json.loads(layout))
         if len(_layouts) > 256:
             _layouts.clear()
         _layouts[layout] = tree

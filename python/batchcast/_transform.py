@@ -55,7 +55,7 @@ def sample_seed(seed: int, epoch: int, identity: int) -> int:
     return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (identity & _MASK))
 
 
-class TransformError(_C.Error):  # type: ignore[misc, name-defined]
+class TransformError(_C.Error):
     """A consumer's transform raised on a sample; the message names the
     sample (its dataset index, or its position in the epoch) and the epoch,
     and the original exception is its ``__cause__``."""
@@ -199,7 +199,7 @@ class _Collated:
                 values[i] = leaf
 
     def batch(self) -> Any:
-        leaves = []
+        leaves: list[Any] = []
         for target, values in zip(self.tensors, self.values):
             if target is not None:
                 leaves.append(target)
@@ -340,7 +340,7 @@ class Transform:
     def side_stream(self, device: Any) -> Any:
         stream = self._streams.get(device)
         if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         return stream
 
     def start(self, layout: Any, leaves: list[Any], ids: torch.Tensor, indexed: bool, epoch: int) -> Pending:

@@ -292,6 +292,17 @@ def test_speech_sweep_trials_of_three_batch_sizes_get_every_utterance_repadded(r
     assert os.listdir(runtime_dir) == []
 
 
+def test_augment_sweep_trials_augment_their_own_way_and_get_every_image_once(runtime_dir, tmp_path):
+    out = run_script(tmp_path, [str(EXAMPLES / "augment_sweep.py"), "--trials", "3", "--epochs", "2",
+                                "--images", "160", "--size", "48"])
+    row = re.compile(r"^\s+(\d+)\s+([0-9.]+)\s+(\d+)\s+([0-9.]+) ([0-9.]+)\s+(True|False)$")
+    rows = [m for m in map(row.match, out.splitlines()) if m]
+    assert len(rows) == 3, out
+    assert [float(r.group(2)) for r in rows] == [0.1, 0.3, 0.5], out  # each its own strength
+    assert all(r.group(6) == "True" for r in rows), out
+    assert os.listdir(runtime_dir) == []
+
+
 def test_sweep_optuna(runtime_dir, tmp_path):
     pytest.importorskip("optuna", reason="the Optuna sweep needs optuna (pip install optuna)")
     out = run_script(tmp_path, [str(EXAMPLES / "sweep_optuna.py"), *SMALL])

@@ -329,3 +329,38 @@ def test_a_state_names_its_seed_and_refuses_another(runtime_dir):
         again = bc.Consumer("seeded", batch_size=5, transform=noisy, state=state)  # takes the saved seed
         assert again._transform is not None and again._transform.seed == state["seed"]
         again.close()
+
+
+def noisy_anywhere(sample, generator):  # type: ignore[no-untyped-def]
+    """noisy() for a sample on any device: the noise is drawn on the CPU."""
+    image, label = sample
+    return image.float() + torch.rand(image.shape, generator=generator).to(image.device), label
+
+
+@pytest.mark.skipif(not bc.cuda_available(), reason="no CUDA GPU visible to batchcast")
+def test_gpu_batches_are_transformed_on_the_gpu_as_the_cpu_would(runtime_dir):
+    """A GPU producer's trainer transforms on its GPU (a side stream, one
+    batch ahead): every sample once, bit-identical to a host trainer's
+    augmentation with the same seed."""
+    got: dict[str, dict] = {"gpu": {}, "cpu": {}}  # type: ignore[type-arg]
+
+    def take(consumer: bc.Consumer, key: str) -> None:
+        for x, labels in consumer:
+            assert x.device.type == ("cuda" if key == "gpu" else "cpu")
+            noise = (x - labels.unsqueeze(1).float()).cpu()
+            for i, n in zip(labels.tolist(), noise):
+                assert i not in got[key]
+                got[key][i] = n
+
+    with bc.Producer(loader(), "gpuaug", device="cuda:0", epochs=1, min_consumers=2):
+        on_gpu = bc.Consumer("gpuaug", batch_size=6, transform=noisy_anywhere, seed=4, transform_threads=2)
+        on_host = bc.Consumer("gpuaug", batch_size=9, transform=noisy_anywhere, seed=4, device="cpu")
+        worker = threading.Thread(target=take, args=(on_host, "cpu"))
+        worker.start()
+        take(on_gpu, "gpu")
+        worker.join(60)
+        on_gpu.close()
+        on_host.close()
+    assert sorted(got["gpu"]) == sorted(got["cpu"]) == list(range(N))
+    for i in range(N):
+        assert torch.equal(got["gpu"][i], got["cpu"][i]), i

@@ -189,6 +189,7 @@ def trial_main(system: str, index: int, cfg: dict, name: str, ready, go, leave, 
     out: dict[str, Any] = {"who": who, "pid": os.getpid(), "error": None,
                            "strength": strength_of(index), "seed": seed_of(index)}
     consumer = None
+    set_up = False
     try:
         ops, decoded = datasets(cfg)
         if system == "dataloader":
@@ -224,6 +225,7 @@ def trial_main(system: str, index: int, cfg: dict, name: str, ready, go, leave, 
                                            for k, v in options.items()}
             consumer = bc.Consumer(name, batch_size=cfg["batch_size"], **options)
         ready.put((who, os.getpid()))
+        set_up = True
         go.wait()
         if system == "dataloader":
             starter.join()
@@ -243,8 +245,9 @@ def trial_main(system: str, index: int, cfg: dict, name: str, ready, go, leave, 
         except Exception as exc:  # noqa: BLE001 - recorded, not fatal
             out["consumer_stats"] = {"error": repr(exc)}
     results.put(out)
-    leave.wait(cfg["run_timeout"])  # alive until the driver has read the CPU times
-    if consumer is not None:
+    if set_up:  # alive until the driver has read the CPU times
+        leave.wait(cfg["run_timeout"])
+    if consumer is not None:  # (failed in set-up: exits now, and the driver sees it)
         consumer.close()
 
 
@@ -298,6 +301,7 @@ def producer_main(system: str, k: int, cfg: dict, name: str, ready, go, leave, r
     torch.set_num_threads(1)
     logging.getLogger("batchcast").addFilter(_NoJoinNote())
     out: dict[str, Any] = {"who": "producer", "pid": os.getpid(), "error": None}
+    set_up = False
     try:
         import batchcast as bc
 
@@ -308,6 +312,7 @@ def producer_main(system: str, k: int, cfg: dict, name: str, ready, go, leave, r
         loader, _ = make_loader(cfg, data, cfg["producer_workers"], 0, go)
         producer = bc.Producer(loader, name, epochs=1, min_consumers=k, slots=cfg["slots"])
         ready.put(("producer", os.getpid()))
+        set_up = True
         producer.run()  # waits for the K trials; the loader's first index waits for the start
         try:
             out["stats"] = producer.stats()
@@ -315,14 +320,11 @@ def producer_main(system: str, k: int, cfg: dict, name: str, ready, go, leave, r
             out["stats"] = {"error": repr(exc)}
     except BaseException as exc:  # noqa: BLE001 - reported: the run is marked failed
         out["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
-        try:
-            ready.put(("producer", os.getpid()))  # the driver then sees the error, not a hang
-        except Exception:  # noqa: BLE001
-            pass
     out["cpu_self_s"] = cpu_seconds(resource.RUSAGE_SELF)
     out["cpu_children_s"] = cpu_seconds(resource.RUSAGE_CHILDREN)
     results.put(out)
-    leave.wait(cfg["run_timeout"])
+    if set_up:  # (failed in set-up: exits now, and the driver sees it)
+        leave.wait(cfg["run_timeout"])
 
 
 # ---- the driver --------------------------------------------------------------------------

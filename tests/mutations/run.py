@@ -119,6 +119,15 @@ MUTANTS = {
         "every_sample_arrives_once",
         "test_padding.py",
     ),
+    "identity-ignores-where-a-piece-starts": (
+        "csrc/batchcast/consumer/rebatcher.cpp",
+        [("    out.indices.insert(out.indices.end(), ids.begin() + p.start, ids.begin() + p.start + p.count);\n",
+          "    out.indices.insert(out.indices.end(), ids.begin(), ids.begin() + p.count);\n")],
+        "a consumer batch that starts inside a loader batch names the identities of that loader batch's "
+        "first samples: a trainer's augmentation then depends on its batch size, and with_indices lies",
+        "one_seed_one_augmentation or with_indices",
+        "test_transform.py",
+    ),
     "join-plan-lets-drop-last-in": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("    cuts.push_back(options_.samples_per_epoch);  // what drop_last leaves out stays out\n", "")],

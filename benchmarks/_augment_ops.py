@@ -127,9 +127,9 @@ def decode_resize(path: str | os.PathLike, size: int = 256) -> torch.Tensor:
         img = img.convert("RGB")
         w, h = img.size
         if w <= h:
-            nw, nh = size, max(size, int(round(h * size / w)))
+            nw, nh = size, max(size, round(h * size / w))
         else:
-            nw, nh = max(size, int(round(w * size / h))), size
+            nw, nh = max(size, round(w * size / h)), size
         img = img.resize((nw, nh), Image.BILINEAR)
         left, top = (nw - size) // 2, (nh - size) // 2
         img = img.crop((left, top, left + size, top + size))
@@ -184,17 +184,17 @@ def random_resized_crop_params(height: int, width: int, generator: torch.Generat
     for _ in range(10):
         target_area = area * _uniform(scale[0], scale[1], generator)
         aspect = math.exp(_uniform(log_ratio[0], log_ratio[1], generator))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
         if 0 < w <= width and 0 < h <= height:
             top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
             left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
             return top, left, h, w
     in_ratio = width / height  # fallback: the central crop
     if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
+        w, h = width, round(width / min(ratio))
     elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
+        h, w = height, round(height * max(ratio))
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w

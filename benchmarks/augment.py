@@ -446,8 +446,9 @@ def run(system: str, k: int, cfg: dict, repeat: int) -> dict:
     finally:
         leave.set()
         go.set()
+        grace = 5 if out["errors"] else 30  # a failed run's producer may wait for trials for ever
         for p in procs.values():
-            p.join(timeout=30)
+            p.join(timeout=grace)
         for p in procs.values():
             if p.exitcode is None:
                 p.kill()
@@ -541,24 +542,30 @@ def measure(cfg: dict) -> dict:
     b = cfg["batch_size"]
     augment = ops.make_augment(strength_of(1))
 
-    def timed(fn) -> tuple[float, float, Any]:
+    def timed(fn, *args) -> tuple[float, float, Any]:
         c, w = time.process_time(), time.perf_counter()
-        value = fn()
+        value = fn(*args)
         return time.process_time() - c, time.perf_counter() - w, value
 
-    decoded_samples = [decoded[i] for i in range(n)]  # warm: files in the page cache
+    def decode_all() -> list:
+        return [decoded[i] for i in range(n)]
+
+    def collate_all(samples: list) -> list:
+        return [torch.stack([x[0] for x in samples[s:s + b]]) for s in range(0, n, b)]
+
+    def augment_all(samples: list) -> list:
+        return [augment(x, ops.sample_generator(seed_of(1), 0, x[2])) for x in samples]
+
+    decode_all()  # warm: the files in the page cache
     passes: dict[str, list[tuple[float, float]]] = {"D": [], "C8": [], "A": [], "C": []}
     for _ in range(cfg["measure_passes"]):
-        c, w, decoded_samples = timed(lambda: [decoded[i] for i in range(n)])
+        c, w, decoded_samples = timed(decode_all)
         passes["D"].append((c / n, w / n))
-        chunks = [decoded_samples[s:s + b] for s in range(0, n, b)]
-        c, w, _ = timed(lambda: [torch.stack([x[0] for x in ch]) for ch in chunks])
+        c, w, _ = timed(collate_all, decoded_samples)
         passes["C8"].append((c / n, w / n))
-        c, w, augmented = timed(lambda: [augment(x, ops.sample_generator(seed_of(1), 0, x[2]))
-                                         for x in decoded_samples])
+        c, w, augmented = timed(augment_all, decoded_samples)
         passes["A"].append((c / n, w / n))
-        chunks = [augmented[s:s + b] for s in range(0, n, b)]
-        c, w, _ = timed(lambda: [torch.stack([x[0] for x in ch]) for ch in chunks])
+        c, w, _ = timed(collate_all, augmented)
         passes["C"].append((c / n, w / n))
     out: dict[str, Any] = {"samples": n, "passes": passes}
     for key, values in passes.items():
@@ -618,7 +625,9 @@ def augmentation_cell(runs: list[dict]) -> str:
 def markdown(doc: dict) -> str:
     env, cfg, costs = doc["env"], doc["config"], doc["costs"]
     cpus = env["cpus_used"]
-    ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731
+    def ms(seconds: float) -> str:
+        return f"{1e3 * seconds:.2f}"
+
     lines = [
         "# Decode once, augment per trial: K trials with their own augmentation",
         "",
@@ -637,7 +646,8 @@ def markdown(doc: dict) -> str:
         "",
         f"Measured alone (one thread, CPU per sample): decode + resize to 256 **D = "
         f"{ms(costs['D'])} ms** (the JPEG decode alone {ms(costs['decode_only'])} ms; "
-        f"collating uint8 batches {ms(costs['C8'])} ms), one trial's augmentation **A = "
+        f"collating its uint8 batches, counted with D, {ms(costs['C8'])} ms), one trial's "
+        f"augmentation **A = "
         f"{ms(costs['A'])} ms** (collating its float batches C = {ms(costs['C'])} ms; A' = A + C "
         f"= {ms(costs['A'] + costs['C'])} ms). K trials cost K·(D + A') per sample apart, "
         f"D + K·A' with the decode shared: bound on the speed-up K·(D + A') / (D + K·A'). "
@@ -759,11 +769,12 @@ def environment(args) -> dict:
         version = getattr(batchcast, "__version__", "?")
     except ImportError:
         version = "not installed"
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), platform.processor())
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f
+                      if line.startswith("model name")), platform.processor())
     try:
         git = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
+                             check=False, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         git = "?"
     try:
@@ -779,8 +790,8 @@ def environment(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4],
-                    help="trial counts (8 adds ~7 min on 2 CPUs)")
+    ap.add_argument("--ks", type=int, nargs="+", default=None,
+                    help="trial counts (default 1 2 4; 8 adds ~7 min on 2 CPUs)")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
     ap.add_argument("--images", type=int, default=4096, help="samples per trial (one epoch)")
     ap.add_argument("--files", type=int, default=512,
@@ -813,9 +824,11 @@ def main() -> None:
         print(json.dumps(measure(json.loads(args.measure))))
         return
     if args.quick:
-        args.ks, args.images, args.files, args.repeats = [1, 2], 256, 64, 1
+        args.ks = args.ks or [1, 2]
+        args.images, args.files, args.repeats = 256, 64, 1
         args.batch_size, args.measure_samples, args.measure_passes = 32, 32, 3
         args.run_timeout = min(args.run_timeout, 120.0)
+    args.ks = args.ks or [1, 2, 4]
     out = Path(args.out) if args.out else (
         HERE / ".cache" / "quick" / "augment.md" if args.quick else HERE / "results" / "augment.md")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -857,7 +870,7 @@ def main() -> None:
     print("measuring D (decode + resize), A (augmentation) and C (collate), one thread ...",
           flush=True)
     measured = subprocess.run([sys.executable, __file__, "--measure", json.dumps(cfg)],
-                              capture_output=True, text=True)
+                              check=False, capture_output=True, text=True)
     if measured.returncode != 0:
         sys.exit(f"measuring failed:\n{measured.stderr}")
     costs = json.loads(measured.stdout.strip().splitlines()[-1])

@@ -4,7 +4,7 @@ killed), the two sweeps, the C++ trainer, and the drop-in details (tqdm,
 __version__, py.typed, the TensorSocket shim).
 
 Needs, beyond the core test dependencies: nbclient, nbformat, ipykernel,
-jupyter_client (notebook), optuna (Optuna sweep), tqdm; each test skips with
+jupyter_client (notebook), optuna (Optuna sweep), tqdm, pillow (augmentation sweep); each test skips with
 the reason when its package is missing. The C++ test runs the example binary
 built with -DBATCHCAST_BUILD_EXAMPLES=ON (found in build/*/example_train or
 $BATCHCAST_EXAMPLE_TRAIN) and skips when there is none.
@@ -293,6 +293,7 @@ def test_speech_sweep_trials_of_three_batch_sizes_get_every_utterance_repadded(r
 
 
 def test_augment_sweep_trials_augment_their_own_way_and_get_every_image_once(runtime_dir, tmp_path):
+    pytest.importorskip("PIL", reason="the augmentation sweep decodes JPEGs with Pillow (pip install pillow)")
     out = run_script(tmp_path, [str(EXAMPLES / "augment_sweep.py"), "--trials", "3", "--epochs", "2",
                                 "--images", "160", "--size", "48"])
     row = re.compile(r"^\s+(\d+)\s+([0-9.]+)\s+(\d+)\s+([0-9.]+) ([0-9.]+)\s+(True|False)$")

@@ -103,16 +103,9 @@ def photo_dir(cache: Path) -> Path:
 
 def ensure_photos(cache: Path, count: int, log=print) -> Path:
     """Writes files 000000.jpg ... of photo_jpeg once into photo_dir(cache); reuses them."""
-    folder = photo_dir(cache)
-    folder.mkdir(parents=True, exist_ok=True)
-    missing = [i for i in range(count) if not (folder / f"{i:06d}.jpg").exists()]
-    if missing:
-        log(f"generating {len(missing)} JPEGs into {folder} (once) ...")
-        for i in missing:
-            tmp = folder / f".{i:06d}.jpg.{os.getpid()}"
-            tmp.write_bytes(photo_jpeg(i))
-            tmp.rename(folder / f"{i:06d}.jpg")
-    return folder
+    from _compare.workloads import write_once
+
+    return write_once(photo_dir(cache), count, photo_jpeg, log)
 
 
 # ---- decode once -----------------------------------------------------------------------
@@ -138,26 +131,12 @@ def decode_resize(path: str | os.PathLike, size: int = 256) -> torch.Tensor:
 
 
 # ---- augment per trial -----------------------------------------------------------------
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finalizer."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The seed of one sample's generator: batchcast's own (a consumer with
     transform= seeds each sample's generator with it), so a trial's own
-    DataLoader draws exactly what its batchcast consumer would; a copy of it
-    where batchcast is not installed."""
-    try:
-        from batchcast._transform import sample_seed as batchcast_seed
-    except ImportError:
-        return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+    DataLoader draws exactly what its batchcast consumer would."""
+    from batchcast._transform import sample_seed as batchcast_seed
+
     return batchcast_seed(seed, epoch, index)
 
 

@@ -77,18 +77,23 @@ def jpeg_bytes(index: int, seed: int = 0) -> bytes:
     return out.getvalue()
 
 
-def ensure_jpegs(cache: Path, count: int, log=print) -> Path:
-    """Generates the first `count` files once; later runs reuse them."""
-    folder = jpeg_dir(cache)
+def write_once(folder: Path, count: int, make, log=print) -> Path:
+    """Files 000000.jpg ... of make(i) in `folder`, each written once (whole:
+    through a temporary name); later runs reuse them."""
     folder.mkdir(parents=True, exist_ok=True)
     missing = [i for i in range(count) if not (folder / f"{i:06d}.jpg").exists()]
     if missing:
         log(f"generating {len(missing)} JPEGs into {folder} (once) ...")
         for i in missing:
             tmp = folder / f".{i:06d}.jpg.{os.getpid()}"
-            tmp.write_bytes(jpeg_bytes(i))
+            tmp.write_bytes(make(i))
             tmp.rename(folder / f"{i:06d}.jpg")
     return folder
+
+
+def ensure_jpegs(cache: Path, count: int, log=print) -> Path:
+    """Generates the first `count` files once; later runs reuse them."""
+    return write_once(jpeg_dir(cache), count, jpeg_bytes, log)
 
 
 def random_resized_crop_box(width: int, height: int, rng: random.Random,

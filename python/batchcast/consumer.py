@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 from ._core import _C
 from ._device import parse_device
 from ._structure import tree_of, unflatten
-from ._transform import Pending, Transform, default_threads
+from ._transform import Pending, Transform, default_threads, takes_generator
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -138,9 +138,19 @@ def _transform_of(transform: Any, seed: Any, threads: Any, name: str) -> Transfo
     elif isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, not {seed!r}")
     if threads is None:
-        threads = default_threads()
+        threads = default_threads() if takes_generator(transform) else 0
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"transform_threads must be an int >= 0 (0: in the training thread), not {threads!r}")
+    elif threads > 0 and not takes_generator(transform):
+        import warnings
+
+        from ._report import BatchcastWarning
+
+        warnings.warn(
+            f"consumer of '{name}': transform_threads={threads} is not used: the transform has no parameter "
+            "named `generator`, so it draws from torch's global generator, which is one per process; it runs "
+            "one sample at a time in the training thread. Give it a `generator` parameter and draw from that "
+            "to run it on threads", BatchcastWarning, stacklevel=3)
     return Transform(transform, seed, threads, name)
 
 
@@ -505,13 +515,14 @@ class Consumer:
             batch = got.batch if got.pending is None else got.pending.result()
             if self._fetcher is not None and taken >= 2:
                 self._handed = got.position  # where the consumer stands with this batch
-                self._ahead = self._fetcher.submit(self._fetch, core, number)
+                self._ahead = self._fetcher.submit(self._fetch, core, number, True)
             yield (batch, got.ids) if self.with_indices else batch
 
-    def _fetch(self, core: _C.Consumer, number: int) -> _Fetched | None:
-        """The next batch from the core, its transform started."""
+    def _fetch(self, core: _C.Consumer, number: int, ahead: bool = False) -> _Fetched | None:
+        """The next batch from the core, its transform started (`ahead`: in
+        the fetch thread, while the training loop uses the batch before)."""
         work = self._transform
-        with self._core_lock, self._stream():
+        with self._core_lock, self._stream(ahead):
             item = core.next(indices=True)
             if item is None:
                 return None
@@ -521,11 +532,12 @@ class Consumer:
             return _Fetched(ids, position, unflatten(layout, leaves), None)
         return _Fetched(ids, position, None, work.start(tree_of(layout), leaves, ids, indexed, number))
 
-    def _stream(self) -> Any:
+    def _stream(self, ahead: bool) -> Any:
         """Where the fetch thread takes GPU batches: on the transform's side
-        stream, which then holds their ring slots until it is past them."""
+        stream, which then holds their ring slots until it is past them (the
+        training loop's own fetches take them on its current stream)."""
         work = self._transform
-        if work is None or threading.current_thread() is threading.main_thread() or not work._streams:
+        if work is None or not ahead or not work._streams:
             return contextlib.nullcontext()
         import torch
 

@@ -231,7 +231,9 @@ def test_a_transform_without_a_generator_is_seeded_per_sample_and_leaves_the_loo
     got: dict[int, dict] = {0: {}, 1: {}}  # type: ignore[type-arg]
     with bc.Producer(loader(), "global", epochs=1, min_consumers=2):
         a = bc.Consumer("global", batch_size=5, transform=noisy_global, seed=9)
-        b = bc.Consumer("global", batch_size=8, transform=noisy_global, seed=9, transform_threads=3)
+        with pytest.warns(bc.BatchcastWarning, match="transform_threads=3 is not used: the transform has no "
+                                                      "parameter named `generator`"):
+            b = bc.Consumer("global", batch_size=8, transform=noisy_global, seed=9, transform_threads=3)
         train(a, 1, got[0])
         torch.manual_seed(1234)
         before = torch.get_rng_state()

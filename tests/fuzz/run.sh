@@ -9,28 +9,33 @@ out=build/fuzz
 mkdir -p "$out/corpus"
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Icsrc tests/fuzz/fuzz_decode.cpp csrc/batchcast/protocol/message.cpp -o "$out/fuzz_decode"
-# Seed with one valid message of every kind.
+# Seed with one valid message of every kind (each checked to decode below).
 "$out/fuzz_decode" -runs=0 "$out/corpus" >/dev/null 2>&1 || true
 python3 - "$out/corpus" <<'PY'
 import struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-VERSION = 8  # protocol::kVersion
+VERSION = 9  # protocol::kVersion
 head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
 host_ring = struct.pack("<iQB", 5, 4096, 0)
 gpu_ring = (struct.pack("<iQB", -1, 4096, 1) + b"\x5a" * 16 + struct.pack("<B", 1) + b"\x01" * 64
             + struct.pack("<I", 2) + b"\x02" * 128)
 seeds = {
-    "hello": head(1) + struct.pack("<qIq", 42, 1, 64),
-    "welcome": head(2) + struct.pack("<q", 42) + host_ring + struct.pack("<Qqqqqi", 1, 0, 100, 13, 8, 2),
-    "welcome-gpu": head(2) + struct.pack("<q", 42) + gpu_ring + struct.pack("<Qqqqqi", 1, 0, -1, -1, 8, 0),
+    "hello": head(1) + struct.pack("<qIq", 42, 1, 64) + text(b"") + struct.pack("<iiqqq", 0, 0, -1, 0, 0),
+    "hello-group": head(1) + struct.pack("<qIq", 42, 2, 8) + text(b"g") + struct.pack("<iiqqq", 1, 2, 3, 40, 8),
+    "welcome": head(2) + struct.pack("<q", 42) + host_ring + struct.pack("<QqqqqiBq", 1, 0, 100, 13, 8, 2, 0, 0)
+        + text(b"DataLoader") + struct.pack("<qiiq", 0, 1, 1, 0),
+    "welcome-gpu": head(2) + struct.pack("<q", 42) + gpu_ring + struct.pack("<QqqqqiBq", 1, 0, -1, -1, 8, 0, 0, 0)
+        + text(b"") + struct.pack("<qiiq", -1, 2, 1, 0),
     "refuse": head(3, 7) + text(b"no"),
-    "announce": head(4) + struct.pack("<qqQiiq", 0, 1, 2, -1, 1, 2) + text(b"[]") + struct.pack("<I", 2)
+    "announce": head(4) + struct.pack("<qqQiiqq", 0, 1, 2, -1, 1, 2, 0) + text(b"[]") + struct.pack("<I", 2)
         + struct.pack("<BBB", 1, 6, 2) + struct.pack("<qqQ", 2, 3, 64)
-        + struct.pack("<BBI", 2, 1, 2) + text(b"a") + text(b"bc"),
+        + struct.pack("<BBI", 2, 1, 2) + text(b"a") + text(b"bc") + struct.pack("<I", 0),
+    "announce-indexed": head(4) + struct.pack("<qqQiiqq", 0, 1, 2, -1, 1, 2, 0) + text(b"[]") + struct.pack("<I", 1)
+        + struct.pack("<BBB", 1, 6, 1) + struct.pack("<qQ", 2, 64) + struct.pack("<Iqq", 2, 17, 4),
     "epoch_end": head(5) + struct.pack("<qqq", 0, 10, 2),
-    "failed": head(6) + struct.pack("<q", 0) + text(b"ValueError: x"),
-    "finished": head(7) + struct.pack("<q", 2),
+    "failed": head(6) + struct.pack("<q", 0) + text(b"ValueError: x") + struct.pack("<B", 0),
+    "finished": head(7) + struct.pack("<qB", 2, 0),
     "release": head(9) + struct.pack("<IQQ", 2, 1, 2),
     "bye": head(10),
     "ring": head(11) + gpu_ring,
@@ -39,13 +44,16 @@ seeds = {
     "status-request": head(14),
     "status": head(15) + text(b'{"name":"x"}'),
     "mapped": head(16),
-    "group-ready": head(17) + struct.pack("<qBq", 1, 1, 64),
+    "group-ready": head(17) + struct.pack("<qBqq", 1, 1, 64, 0),
     "group-broken": head(18) + struct.pack("<q", 1) + text(b"rank 1 left"),
     "mailbox": head(19) + struct.pack("<iQQQii", 7, 4096 + 2048, 1024, 1024, 8, 9),
 }
 for k, v in seeds.items():
     (d / k).write_bytes(v)
+(d.parent / "seeds.txt").write_text("\n".join(str(d / k) for k in seeds))
 PY
+clang++ -std=c++17 -O1 -Icsrc tests/fuzz/decode_seeds.cpp csrc/batchcast/protocol/message.cpp -o "$out/decode_seeds"
+xargs "$out/decode_seeds" < "$out/seeds.txt"
 "$out/fuzz_decode" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$out/corpus" 2>&1 | tail -n 12
 # The mailbox reader, seeded with queues of valid records (indices, then bytes).
 mkdir -p "$out/mailbox-corpus"

@@ -263,6 +263,52 @@ def consume_two(args: argparse.Namespace) -> None:
         json.dump(results, f)
 
 
+def noisy(sample, generator):
+    """A trainer's transform: each sample plus noise from its own generator
+    (drawn on the CPU, added where the sample is)."""
+    image, label = sample
+    return image.float() + torch.rand(image.shape, generator=generator).to(image.device), label
+
+
+def consume_transformed(args: argparse.Namespace) -> None:
+    """A consumer whose transform runs on threads, a batch ahead, over the GPU
+    ring's batches: every sample once per epoch, with its values, and the
+    noise its generator (seed 5, the epoch, the sample's identity) draws."""
+    from batchcast._transform import sample_seed
+
+    result = {"error": None, "samples": 0, "mismatches": [], "identity": None}
+    try:
+        with bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout, transform=noisy, seed=5,
+                         transform_threads=2, with_indices=True) as c:
+            for number in range(args.epochs):
+                seen = []
+                e = None
+                for (images, labels), indices in c:
+                    e = c.stats()["epoch"] if e is None else e
+                    images, labels = images.cpu(), labels.cpu()
+                    # Identity: its position in the producer's epoch (batches
+                    # the producer builds), or the DataLoader's dataset index
+                    # (WorkerSamples: item g is sample g % samples of epoch g // samples).
+                    by_index = c.stats()["sample_identity"] == "dataset index"
+                    for row, label, index in zip(images, labels.tolist(), indices.tolist()):
+                        identity = label + e * args.samples if by_index else label
+                        g = torch.Generator()
+                        g.manual_seed(sample_seed(5, number, index))
+                        want = (torch.full(row.shape, label + e * args.samples, dtype=torch.int32).float()
+                                + torch.rand(row.shape, generator=g))
+                        if index != identity or not torch.equal(row, want):
+                            result["mismatches"].append(f"epoch {number} sample {label} (identity {index})")
+                    seen += labels.tolist()
+                if sorted(seen) != list(range(args.samples)):
+                    result["mismatches"].append(f"epoch {number}: not every sample once")
+                result["samples"] += len(seen)
+            result["identity"] = c.stats()["sample_identity"]
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
 # ---- consumer ----------------------------------------------------------------------
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -444,7 +490,7 @@ def consume(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["produce", "consume", "consume-two", "same-process", "produce-odd",
-                                    "consume-odd"])
+                                    "consume-odd", "consume-transformed"])
     p.add_argument("name")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--device", default="cuda:0", help="producer: the ring's GPU")
@@ -485,7 +531,7 @@ def main() -> None:
     p.add_argument("--out", default="")
     args = p.parse_args()
     roles = {"produce": produce, "consume": consume, "consume-two": consume_two, "same-process": same_process,
-             "produce-odd": produce_odd, "consume-odd": consume_odd}
+             "produce-odd": produce_odd, "consume-odd": consume_odd, "consume-transformed": consume_transformed}
     roles[args.role](args)
 
 

@@ -281,6 +281,22 @@ def test_two_gpu_consumers_in_one_process(procs, name, device):
         assert r["stats"]["ipc_memory_opens"] == 1, r["stats"]
 
 
+@pytest.mark.parametrize("memory", ["pageable", "workers"])
+def test_a_trainers_own_transform_of_gpu_batches(procs, name, device, memory):
+    """A consumer with a transform on threads (a batch fetched ahead) over a
+    ring of 2 slots: every sample once per epoch, its values, and the noise
+    seeded from its identity (positions of the producer's own batches, the
+    dataset index with a DataLoader's workers)."""
+    start(procs, device, "produce", name, "--slots", 2, "--epochs", 2, "--memory", memory)
+    start(procs, device, "consume-transformed", name, "--epochs", 2, "--batch-size",
+          device.loader_batch * 3 // 2, out="t.json")
+    procs.wait_all(timeout=180)
+    r = procs.result("t.json")
+    assert r["error"] is None, r["error"]
+    assert r["mismatches"] == [] and r["samples"] == 2 * device.samples, r
+    assert r["identity"] == ("dataset index" if memory == "workers" else "position"), r
+
+
 @pytest.mark.parametrize("views", ["copy", "shared"])
 def test_small_and_odd_tensors_arrive_byte_for_byte(procs, name, device, views):
     """Labels, one element per sample, 3 bytes a sample, bools, complex, a 0-d

@@ -164,9 +164,30 @@ Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void(
 
 }  // namespace
 
+namespace {
+
+// Whether tensor.NAME() is True: a bit of the tensor, read through its method
+// (cheaper than resolving it always: two calls that dispatch an operator).
+bool tensor_bit(py::handle tensor, const char* name) {
+  PyObject* method = PyUnicode_InternFromString(name);  // interned: the same object each call
+  if (method == nullptr) throw py::error_already_set();
+  PyObject* result = PyObject_CallMethodNoArgs(tensor.ptr(), method);
+  Py_DECREF(method);
+  if (result == nullptr) throw py::error_already_set();
+  const bool set = result == Py_True;
+  Py_DECREF(result);
+  return set;
+}
+
+}  // namespace
+
 Tensor tensor_from_python(py::handle object) {
   const Torch& torch = torch_module();
-  py::object resolved = object.attr("resolve_conj")().attr("resolve_neg")();
+  // DLPack has no place for torch's lazy conjugate and negative bits (an
+  // export silently drops them): a tensor with one is resolved first.
+  py::object resolved = py::reinterpret_borrow<py::object>(object);
+  if (tensor_bit(resolved, "is_conj")) resolved = resolved.attr("resolve_conj")();
+  if (tensor_bit(resolved, "is_neg")) resolved = resolved.attr("resolve_neg")();
   if (torch.exchange != nullptr) {
     DLManagedTensorVersioned* managed = nullptr;
     if (torch.exchange->managed_tensor_from_py_object_no_sync(resolved.ptr(), &managed) != 0 || managed == nullptr) {

@@ -62,15 +62,21 @@ struct FakeRing {
   }
 };
 
-std::vector<int64_t> ids(const Batch& b) {
-  auto t = to_aten(std::get<Tensor>(b.leaves[0]));
+// A leaf as a tensor (a view of the ring made one).
+at::Tensor aten_of(const ViewLeaf& leaf) {
+  if (const auto* view = std::get_if<RingView>(&leaf)) return to_aten(to_tensor(*view));
+  return to_aten(std::get<Tensor>(leaf));
+}
+
+std::vector<int64_t> ids(const ViewBatch& b) {
+  auto t = aten_of(b.leaves[0]);
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
 }
 
 // Each sample of a batch comes with its identity: the dataset index the
 // producer sent, else its position in the producer's epoch (the id its
 // tensor holds; padding samples keep the identity of the sample they repeat).
-void expect_identities(const Batch& b, bool indexed) {
+void expect_identities(const ViewBatch& b, bool indexed) {
   std::vector<int64_t> want = ids(b);
   if (indexed) {
     for (int64_t& id : want) id = dataset_index(id);
@@ -91,7 +97,7 @@ TEST(Rebatcher, ExactlyOnceInOrderForManySizes) {
           Rebatcher r(consumer, drop_last);
           std::vector<int64_t> seen;
           std::vector<std::size_t> sizes;
-          auto drain = [&](std::optional<Batch> b) {
+          auto drain = [&](std::optional<ViewBatch> b) {
             while (b) {
               expect_identities(*b, ring.indexed);
               auto v = ids(*b);
@@ -128,7 +134,7 @@ TEST(Rebatcher, ContiguousSpansAreViewsAndHoldTheirSlots) {
   r.push(ring.make(4));
   auto b = r.pop();
   ASSERT_TRUE(b);
-  auto t = to_aten(std::get<Tensor>(b->leaves[0]));
+  auto t = aten_of(b->leaves[0]);
   EXPECT_EQ(t.data_ptr<int64_t>(), ring.memory.data());  // a view, not a copy
   EXPECT_EQ(r.stats().views, 1);
   EXPECT_EQ(r.stats().copies, 0);
@@ -322,7 +328,7 @@ TEST(Rebatcher, GroupRanksTakeDisjointPartsWithEqualCountsAndPaddedTails) {
                 reb.set_max_pending(2);
                 reb.begin_epoch(known ? N : -1);
                 std::vector<std::vector<int64_t>> got;
-                auto drain = [&](std::optional<Batch> b) {
+                auto drain = [&](std::optional<ViewBatch> b) {
                   while (b) {
                     expect_identities(*b, ring.indexed);  // the padded tail repeats identities too
                     auto v = ids(*b);
@@ -444,7 +450,7 @@ TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredV
     auto first = r.pop();  // ids 0, 1, 2: joins widths 3 and 5
     auto second = r.pop();  // ids 3, 4, 5: inside the second loader batch
     ASSERT_TRUE(first && second);
-    const at::Tensor a = to_aten(std::get<Tensor>(first->leaves[0]));
+    const at::Tensor a = aten_of(first->leaves[0]);
     const int64_t width = multiple == 1 ? 5 : 8;
     ASSERT_EQ(a.sizes(), (std::vector<int64_t>{3, width}));
     for (int64_t id = 0; id < 3; ++id) {
@@ -454,10 +460,10 @@ TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredV
         EXPECT_EQ(a[id][c].item<int64_t>(), want) << "id " << id << " column " << c;
       }
     }
-    EXPECT_EQ(to_aten(std::get<Tensor>(second->leaves[0])).sizes(), (std::vector<int64_t>{3, 5}));
+    EXPECT_EQ(aten_of(second->leaves[0]).sizes(), (std::vector<int64_t>{3, 5}));
     EXPECT_EQ(r.stats().repadded, 1);
     EXPECT_EQ(r.stats().views, 1);  // the second batch
-    EXPECT_EQ(r.last_batch_views(), std::vector<bool>{true});
+    EXPECT_TRUE(std::holds_alternative<RingView>(second->leaves[0]));  // a view of the ring
     next = 0;
   }
   // Undeclared: the error says how to declare it.

@@ -287,7 +287,7 @@ int64_t Consumer::begin_epoch() {
 // The current epoch is one the producer never serves: it was stopped first
 // (ProducerLost), or it served every epoch it was asked to (EpochsExhausted,
 // or an empty epoch where the consumer asked for that).
-std::optional<Batch> Consumer::past_end() {
+std::optional<ViewBatch> Consumer::past_end() {
   if (life_.loader_failure()) throw loader_error(options_.name, *life_.loader_failure());  // the stream ended in it
   const protocol::Finished& end = *life_.stream_end();
   const std::string served =
@@ -324,23 +324,29 @@ std::optional<Batch> Consumer::past_end() {
 }
 
 std::optional<Batch> Consumer::next() {
+  std::optional<ViewBatch> batch = next_views();
+  if (!batch) return std::nullopt;
+  return materialize(std::move(*batch));
+}
+
+std::optional<ViewBatch> Consumer::next_views() {
   // What next() does in each state of the consumer's life (every one handled).
   struct Dispatch {
     Consumer& c;
-    std::optional<Batch> operator()(const Lifecycle::InEpoch&) { return c.take_next(); }
-    std::optional<Batch> operator()(const Lifecycle::Ended& e) {
+    std::optional<ViewBatch> operator()(const Lifecycle::InEpoch&) { return c.take_next(); }
+    std::optional<ViewBatch> operator()(const Lifecycle::Ended& e) {
       return e.past_end ? c.past_end() : std::nullopt;  // else: its epoch was cut short, and is over
     }
-    std::optional<Batch> operator()(const Lifecycle::Broken& b) { std::rethrow_exception(b.error); }
-    std::optional<Batch> operator()(const Lifecycle::Between&) { return std::nullopt; }   // the epoch ended
-    std::optional<Batch> operator()(const Lifecycle::Grouping&) { return std::nullopt; }  // none begun
-    std::optional<Batch> operator()(const Lifecycle::Closed&) { return std::nullopt; }
+    std::optional<ViewBatch> operator()(const Lifecycle::Broken& b) { std::rethrow_exception(b.error); }
+    std::optional<ViewBatch> operator()(const Lifecycle::Between&) { return std::nullopt; }   // the epoch ended
+    std::optional<ViewBatch> operator()(const Lifecycle::Grouping&) { return std::nullopt; }  // none begun
+    std::optional<ViewBatch> operator()(const Lifecycle::Closed&) { return std::nullopt; }
   };
   return std::visit(Dispatch{*this}, life_.state());
 }
 
 // The next batch of the epoch under way, reading what the producer sent.
-std::optional<Batch> Consumer::take_next() {
+std::optional<ViewBatch> Consumer::take_next() {
   // GPU: torch's device guards inside find the ring's device current, so they
   // switch nothing; the caller's thread is left as it was.
   std::optional<cuda::DeviceScope> scope;
@@ -348,7 +354,7 @@ std::optional<Batch> Consumer::take_next() {
   namespace pr = protocol;
   // What a message makes of the call: a batch (or the epoch's end: none) to
   // hand out, or nothing yet (read on).
-  using Step = std::optional<std::optional<Batch>>;
+  using Step = std::optional<std::optional<ViewBatch>>;
   while (true) {
     if (auto b = rebatcher_.pop()) {
       if (++epoch_batches_ > 1 && replaying_) {
@@ -446,18 +452,17 @@ CopyMemory::~CopyMemory() {
 // Counts a batch going to the caller, first made private where it must be:
 // its views of the ring become copies of their own (the slots then go back
 // as soon as the copy is done).
-std::optional<Batch> Consumer::hand_out(std::optional<Batch> batch) {
+std::optional<ViewBatch> Consumer::hand_out(std::optional<ViewBatch> batch) {
   if (!batch) return batch;
   batches_ += 1;
   samples_ += batch->samples;
   if (batch->samples > 0) sample_identity_ = batch->indexed ? "dataset index" : "position";
   if (copy_out_) {
-    const std::vector<bool>& views = rebatcher_.last_batch_views();
     bool copied = false;
-    for (std::size_t j = 0; j < batch->leaves.size() && j < views.size(); ++j) {
-      if (!views[j]) continue;
-      Tensor& t = std::get<Tensor>(batch->leaves[j]);
-      t = private_copy(t);
+    for (ViewLeaf& leaf : batch->leaves) {
+      auto* view = std::get_if<RingView>(&leaf);
+      if (view == nullptr) continue;
+      leaf = private_copy(to_tensor(std::move(*view)));
       copied = true;
     }
     batch_copies_ += copied ? 1 : 0;

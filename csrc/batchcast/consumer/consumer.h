@@ -172,6 +172,10 @@ class Consumer {
   // EpochsExhausted (an epoch after the producer's last), Evicted,
   // LoaderError, RebatchError.
   std::optional<Batch> next();
+  // The same, with the leaves that view the producer's ring left as their
+  // description (RingView): for a binding that hands them to its own
+  // tensors without a tensor in between.
+  std::optional<ViewBatch> next_views();
   // True once the producer said it serves no more epochs and this one is empty.
   bool finished() const { return life_.finished(); }
   // How samples of variable length are joined (rebatcher.h); before the first
@@ -198,10 +202,10 @@ class Consumer {
   [[noreturn]] void fail_group(const protocol::GroupBroken& broken);
   int64_t pinned_beyond(uint64_t incoming) const;
   void push(LoaderBatch batch);
-  std::optional<Batch> hand_out(std::optional<Batch> batch);
+  std::optional<ViewBatch> hand_out(std::optional<ViewBatch> batch);
   Tensor private_copy(const Tensor& view) const;
-  std::optional<Batch> past_end();
-  std::optional<Batch> take_next();  // in an epoch: reads until a batch, or its end
+  std::optional<ViewBatch> past_end();
+  std::optional<ViewBatch> take_next();  // in an epoch: reads until a batch, or its end
   bool can_restart() const;
 
   ConsumerOptions options_;

@@ -322,7 +322,7 @@ void Rebatcher::spill() {
   stats_.spills += 1;
 }
 
-std::optional<Batch> Rebatcher::pop() {
+std::optional<ViewBatch> Rebatcher::pop() {
   if (!batch_size_) {  // forward: one loader batch, whole
     if (pending_.empty()) return std::nullopt;
     return take(pending_.front().announcement.samples - front_used_);
@@ -346,15 +346,15 @@ std::optional<Batch> Rebatcher::pop() {
   if (samples_ < 0 && buffered_to() < window_end) return std::nullopt;
   drop_below(range->begin);
   if (buffered_to() < range->end) return std::nullopt;
-  Batch out = take(range->end - range->begin);
+  ViewBatch out = take(range->end - range->begin);
   windows_ += 1;
   progress_ = window_end;
   drop_below(window_end);  // the other ranks' samples of this window
   return out;
 }
 
-std::optional<Batch> Rebatcher::flush(int64_t samples) {
-  std::optional<Batch> out;
+std::optional<ViewBatch> Rebatcher::flush(int64_t samples) {
+  std::optional<ViewBatch> out;
   samples_ = samples;
   if (!group_) {
     if (buffered_ > 0 && !drop_last_) out = take(buffered_);
@@ -385,7 +385,7 @@ void Rebatcher::clear() {
   head_samples_ = 0;
 }
 
-Batch Rebatcher::take(int64_t n) {
+ViewBatch Rebatcher::take(int64_t n) {
   std::vector<Piece> pieces;
   int64_t need = n;
   int64_t used = front_used_;
@@ -398,12 +398,11 @@ Batch Rebatcher::take(int64_t n) {
   }
 
   last_slots_.clear();
-  last_views_.assign(pieces.front().batch->announcement.leaves.size(), false);
   for (const Piece& p : pieces) {
     if (!p.batch->spilled()) last_slots_.push_back(p.batch->token->seq());
   }
   const protocol::Announcement& first = pieces.front().batch->announcement;
-  Batch out;
+  ViewBatch out;
   out.epoch = first.epoch;
   out.samples = n;
   out.layout = first.layout;
@@ -510,13 +509,15 @@ Batch Rebatcher::take(int64_t n) {
         out.leaves.emplace_back(narrow(pieces[0].batch->owned[j], 0, pieces[0].start, pieces[0].count));
       } else if (contiguous && !any_spilled) {
         // One view over every piece; it keeps each piece's slot until freed.
-        std::vector<std::shared_ptr<ReleaseToken>> tokens;
-        for (const Piece& p : pieces) tokens.push_back(p.batch->token);
+        std::shared_ptr<const void> keep = pieces.front().batch->token;
+        if (pieces.size() > 1) {
+          auto tokens = std::make_shared<std::vector<std::shared_ptr<ReleaseToken>>>();
+          for (const Piece& p : pieces) tokens->push_back(p.batch->token);
+          keep = std::move(tokens);
+        }
         shape[0] = n;
-        out.leaves.emplace_back(wrap(start_of(pieces.front()), shape, dtype, device,
-                                     [tokens = std::move(tokens)]() mutable { tokens.clear(); }));
+        out.leaves.emplace_back(RingView{start_of(pieces.front()), std::move(shape), dtype, device, std::move(keep)});
         stats_.views += 1;
-        last_views_[j] = true;
       } else {
         std::vector<Tensor> parts;
         for (const Piece& p : pieces) parts.push_back(piece_tensor(p));

@@ -117,12 +117,14 @@ class Rebatcher {
   // positions before `skip` this consumer does not take (it resumes there).
   void begin_epoch(int64_t samples, int64_t skip = 0);
   void push(LoaderBatch batch);
-  // The next batch, once its samples are buffered.
-  std::optional<Batch> pop();
+  // The next batch, once its samples are buffered. A leaf whose samples lie
+  // back to back in the ring is a RingView; the others are tensors of their
+  // own (copies) or lists.
+  std::optional<ViewBatch> pop();
   // At the end of an epoch of `samples` samples: what is left (the partial
   // remainder unless drop_last; a group rank's share of the tail window,
   // padded); empties the buffer.
-  std::optional<Batch> flush(int64_t samples);
+  std::optional<ViewBatch> flush(int64_t samples);
   void clear();
 
   int64_t buffered() const { return buffered_; }
@@ -131,9 +133,6 @@ class Rebatcher {
   std::vector<uint64_t> pending_slots() const;
   // Ring slots the batch handed out last is a view of.
   const std::vector<uint64_t>& last_batch_slots() const { return last_slots_; }
-  // Which leaves of the batch handed out last are views of the ring (the
-  // others are lists, or tensors of their own: copies).
-  const std::vector<bool>& last_batch_views() const { return last_views_; }
   // Where this consumer stands in the epoch's stream: the position of the
   // first sample it has not taken yet (a group: where its next window starts).
   int64_t position() const;
@@ -156,7 +155,7 @@ class Rebatcher {
   void keep_head(const LoaderBatch& batch);
   void pad(int64_t from, int64_t count);
   bool waiting() const;  // pending samples that cannot make a batch yet
-  Batch take(int64_t n);
+  ViewBatch take(int64_t n);
   void spill();
   // The pad value of each leaf of batches laid out as `layout` (none: not padded).
   const std::vector<std::optional<double>>& pad_values(const protocol::Announcement& a);
@@ -165,7 +164,6 @@ class Rebatcher {
   bool drop_last_;
   std::optional<GroupRank> group_;
   std::vector<uint64_t> last_slots_;
-  std::vector<bool> last_views_;
   std::deque<LoaderBatch> pending_;
   int64_t front_used_ = 0;  // samples of pending_.front() already handed out
   int64_t buffered_ = 0;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,13 +124,14 @@ const Torch& torch_module() {
   return *torch;
 }
 
-// What torch takes over: the core tensor (one reference) and the shape and
-// strides the DLTensor points to, in a managed tensor of either version.
+// What torch takes over: what keeps the memory alive (a core tensor, or the
+// ring slots of a view) and the shape and strides the DLTensor points to, in
+// a managed tensor of either version.
 struct Exported {
-  explicit Exported(Tensor t) : tensor(std::move(t)) {}
   DLManagedTensor managed{};
   DLManagedTensorVersioned versioned{};
-  Tensor tensor;
+  std::optional<Tensor> tensor;
+  std::shared_ptr<const void> keep;
   std::vector<int64_t> shape, strides;
 };
 
@@ -251,36 +253,25 @@ Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void(
 
 }  // namespace
 
-py::object tensor_to_python(Tensor tensor) {
-  auto exported = std::make_unique<Exported>(std::move(tensor));
-  Exported& e = *exported;
-  e.shape = shape_of(e.tensor);
-  const auto strides = e.tensor.strides();
-  e.strides.assign(strides.begin(), strides.end());
-  DLDataType code{};
-  bool known = false;
+namespace {
+
+DLDataType dlpack_dtype(ScalarType dtype) {
   for (const DTypeCode& d : kDTypes) {
-    if (d.dtype == e.tensor.scalar_type()) {
-      code = d.code;
-      known = true;
-    }
+    if (d.dtype == dtype) return d.code;
   }
-  if (!known) throw InvalidArgument("batchcast cannot hand out tensors of dtype " + dtype_name(e.tensor.scalar_type()));
-  const Device device = e.tensor.device();
-  DLTensor& t = e.managed.dl_tensor;
-  t.data = e.tensor.data_ptr();
-  t.device = DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index() : 0};
-  t.ndim = static_cast<int32_t>(e.shape.size());
-  t.dtype = code;
-  t.shape = e.shape.data();
-  t.strides = e.strides.data();
-  t.byte_offset = 0;
+  throw InvalidArgument("batchcast cannot hand out tensors of dtype " + dtype_name(dtype));
+}
+
+// Hands the export to torch (which frees it through its deleter) as a
+// torch.Tensor; e.managed.dl_tensor is filled in, pointing into e.
+py::object export_to_python(std::unique_ptr<Exported> exported) {
+  Exported& e = *exported;
   const Torch& torch = torch_module();
   if (torch.exchange != nullptr) {
     e.versioned.version = DLPackVersion{1, 0};
     e.versioned.manager_ctx = &e;
     e.versioned.deleter = &delete_exported_versioned;
-    e.versioned.dl_tensor = t;
+    e.versioned.dl_tensor = e.managed.dl_tensor;
     void* out = nullptr;
     exported.release();  // torch's now (should the call fail, it may stay unfreed: a few bytes)
     if (torch.exchange->managed_tensor_to_py_object_no_sync(&e.versioned, &out) != 0 || out == nullptr) {
@@ -294,6 +285,54 @@ py::object tensor_to_python(Tensor tensor) {
   if (capsule == nullptr) throw py::error_already_set();
   exported.release();  // the capsule's now
   return torch.from_dlpack(py::reinterpret_steal<py::object>(capsule));
+}
+
+DLDevice dlpack_device(const Device& device) {
+  return DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index() : 0};
+}
+
+}  // namespace
+
+py::object tensor_to_python(Tensor tensor) {
+  const DLDataType code = dlpack_dtype(tensor.scalar_type());
+  auto exported = std::make_unique<Exported>();
+  Exported& e = *exported;
+  e.shape = shape_of(tensor);
+  const auto strides = tensor.strides();
+  e.strides.assign(strides.begin(), strides.end());
+  DLTensor& t = e.managed.dl_tensor;
+  t.data = tensor.data_ptr();
+  t.device = dlpack_device(tensor.device());
+  t.ndim = static_cast<int32_t>(e.shape.size());
+  t.dtype = code;
+  t.shape = e.shape.data();
+  t.strides = e.strides.data();
+  t.byte_offset = 0;
+  e.tensor.emplace(std::move(tensor));
+  return export_to_python(std::move(exported));
+}
+
+py::object view_to_python(RingView view) {
+  const DLDataType code = dlpack_dtype(view.dtype);
+  auto exported = std::make_unique<Exported>();
+  Exported& e = *exported;
+  e.shape = std::move(view.shape);
+  e.strides.resize(e.shape.size());
+  int64_t stride = 1;
+  for (std::size_t d = e.shape.size(); d-- > 0;) {
+    e.strides[d] = stride;
+    stride *= std::max<int64_t>(e.shape[d], 1);
+  }
+  DLTensor& t = e.managed.dl_tensor;
+  t.data = view.data;
+  t.device = dlpack_device(view.device);
+  t.ndim = static_cast<int32_t>(e.shape.size());
+  t.dtype = code;
+  t.shape = e.shape.data();
+  t.strides = e.strides.data();
+  t.byte_offset = 0;
+  e.keep = std::move(view.keep);
+  return export_to_python(std::move(exported));
 }
 
 }  // namespace batchcast::python

@@ -6,6 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "batchcast/common/batch.h"
 #include "batchcast/tensor/tensor.h"
 
 namespace batchcast::python {
@@ -19,5 +20,8 @@ bool is_tensor(pybind11::handle object);
 Tensor tensor_from_python(pybind11::handle object);
 // A torch.Tensor over the core tensor's memory (no copy).
 pybind11::object tensor_to_python(Tensor tensor);
+// A torch.Tensor over a view of the ring (no copy, no core tensor in
+// between); it holds the view's slots until torch frees it.
+pybind11::object view_to_python(RingView view);
 
 }  // namespace batchcast::python

@@ -193,14 +193,17 @@ std::vector<Leaf> leaves_from_python(const py::list& leaves) {
   return out;
 }
 
-py::list leaves_to_python(std::vector<Leaf>& leaves) {
-  py::list out;
-  for (Leaf& leaf : leaves) {
-    if (auto* t = std::get_if<Tensor>(&leaf)) {
-      out.append(python::tensor_to_python(std::move(*t)));
+py::list leaves_to_python(std::vector<ViewLeaf>& leaves) {
+  py::list out(leaves.size());
+  std::size_t i = 0;
+  for (ViewLeaf& leaf : leaves) {
+    if (auto* view = std::get_if<RingView>(&leaf)) {
+      out[i++] = python::view_to_python(std::move(*view));
+    } else if (auto* t = std::get_if<Tensor>(&leaf)) {
+      out[i++] = python::tensor_to_python(std::move(*t));
     } else {
       auto& items = std::get<Items>(leaf);
-      out.append(py::make_tuple(items.kind, py::cast(items.values)));
+      out[i++] = py::make_tuple(items.kind, py::cast(items.values));
     }
   }
   return out;
@@ -410,7 +413,7 @@ PYBIND11_MODULE(_C, m) {
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b, bool indices) -> py::object {
-             std::optional<Batch> batch = released(b, [](Consumer& c) { return c.next(); });
+             std::optional<ViewBatch> batch = released(b, [](Consumer& c) { return c.next_views(); });
              if (!batch) return py::none();
              if (!indices) return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples);
              Tensor ids = empty({static_cast<int64_t>(batch->indices.size())}, ScalarType::Long, cpu_device());

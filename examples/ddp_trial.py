@@ -17,6 +17,7 @@ rank that ran out. Prints what each trial saw and checks it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -62,6 +63,11 @@ def ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
             batches += 1
         epochs.append({"seen": seen, "batches": batches, "loss": loss_sum / max(batches, 1)})
     loader.close()
+    # DDP's hooks make reference cycles: without this, the model (and the
+    # gloo work it holds) would be freed by the interpreter's last collection
+    # at exit, where gloo's threads can no longer take the GIL (an abort).
+    del net, optimizer
+    gc.collect()
     dist.destroy_process_group()
     Path(out.format(rank)).write_text(json.dumps({"rank": rank, "epochs": epochs}))
 

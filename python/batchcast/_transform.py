@@ -111,7 +111,7 @@ def _sample(node: list[Any], leaves: Sequence[Any], i: int) -> Any:
     raise ValueError(f"unknown layout node {tag!r}")
 
 
-def _shape_of(result: Any, path: str = "sample") -> Any:
+def _shape_of(result: Any) -> Any:
     """What a transformed sample is made of: its containers, and for each
     leaf ("tensor", shape, dtype, device), ("number", type) or ("value",)."""
     if isinstance(result, torch.Tensor):
@@ -123,7 +123,7 @@ def _shape_of(result: Any, path: str = "sample") -> Any:
     if isinstance(result, float):
         return ("number", float)
     if isinstance(result, dict):
-        return ("dict", tuple(result), tuple(_shape_of(v, f"{path}[{k!r}]") for k, v in result.items()))
+        return ("dict", tuple(result), tuple(_shape_of(v) for v in result.values()))
     if isinstance(result, tuple) and hasattr(type(result), "_fields"):
         return ("namedtuple", type(result), tuple(_shape_of(v) for v in result))
     if isinstance(result, (tuple, list)):
@@ -266,7 +266,6 @@ class Pending:
         return what
 
     def _run(self, layout: Any, a: int, b: int) -> None:
-        work = self.work
         if self.stream is not None:
             with torch.cuda.device(self.cuda), torch.cuda.stream(self.stream):
                 self._samples(layout, a, b)
@@ -342,6 +341,10 @@ class Transform:
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         return stream
+
+    def stream_in_use(self) -> Any:
+        """The side stream it has worked on, or None (it has had no GPU batch)."""
+        return next(iter(self._streams.values()), None)
 
     def start(self, layout: Any, leaves: list[Any], ids: torch.Tensor, indexed: bool, epoch: int) -> Pending:
         return Pending(self, layout, leaves, ids, indexed, epoch)

@@ -537,11 +537,12 @@ class Consumer:
         stream, which then holds their ring slots until it is past them (the
         training loop's own fetches take them on its current stream)."""
         work = self._transform
-        if work is None or not ahead or not work._streams:
+        stream = work.stream_in_use() if work is not None and ahead else None
+        if stream is None:
             return contextlib.nullcontext()
         import torch
 
-        return torch.cuda.stream(next(iter(work._streams.values())))
+        return torch.cuda.stream(stream)
 
     def _drop_ahead(self) -> None:
         """Discards a batch fetched ahead (the epoch was left, or the

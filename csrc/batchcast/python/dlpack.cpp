@@ -235,13 +235,8 @@ Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void(
                  "GPU; convert it in the loader (tensor.view(torch.uint8) keeps its bytes, without a copy)");
   }
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
-  std::vector<int64_t> strides;
-  if (t.strides != nullptr) {
-    strides.assign(t.strides, t.strides + t.ndim);
-  } else {
-    strides.assign(shape.size(), 1);
-    for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
-  }
+  const std::vector<int64_t> strides =
+      t.strides != nullptr ? std::vector<int64_t>(t.strides, t.strides + t.ndim) : contiguous_strides(shape);
   void* data = static_cast<std::byte*>(t.data) + t.byte_offset;
   try {
     return wrap_strided(data, shape, strides, found->dtype, device, give_back);
@@ -317,12 +312,7 @@ py::object view_to_python(RingView view) {
   auto exported = std::make_unique<Exported>();
   Exported& e = *exported;
   e.shape = std::move(view.shape);
-  e.strides.resize(e.shape.size());
-  int64_t stride = 1;
-  for (std::size_t d = e.shape.size(); d-- > 0;) {
-    e.strides[d] = stride;
-    stride *= std::max<int64_t>(e.shape[d], 1);
-  }
+  e.strides = contiguous_strides(e.shape);
   DLTensor& t = e.managed.dl_tensor;
   t.data = view.data;
   t.device = dlpack_device(view.device);

@@ -11,13 +11,14 @@
 #include "batchcast/common/error.h"
 
 namespace batchcast {
-namespace {
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
   for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
   return strides;
 }
+
+namespace {
 
 // Copies `count` elements of `size` bytes, `stride` elements apart, to `dst` back to back.
 void gather(std::byte* dst, const std::byte* src, int64_t count, int64_t stride, std::size_t size) {

@@ -1,6 +1,7 @@
 """What a trainer's `next()` costs per batch, by the number of tensors (leaves) in it.
 
     python benchmarks/leaf_cost.py [--leaves 1 2 8] [--steps-ms 0 20] [--batches 300] [--repeats 3]
+    python benchmarks/leaf_cost.py --builds OLD/pkg NEW/pkg [--repeats 8]   # A B A B
 
 A producer process serves `batches` identical loader batches of 64 samples
 (leaf 0: 64 x 3x32x32 float32; the others: 64 int64) from memory; one consumer
@@ -9,8 +10,12 @@ a sleep of `step` ms after each (0: back to back, caches warm; 20: a training
 step's worth, caches cold again at every batch, as in a real loop). The figure
 is the main thread's CPU time inside next() per batch (time.thread_time:
 waiting for a batch costs none), median over the batches after the first 20
-of a run; a row gives the median of the runs' medians [min, max]. Run it with
-PYTHONPATH pointing at two builds to compare them (A B A B).
+of a run; a row gives the median of the runs' medians [min, max].
+
+--builds compares builds of batchcast (each a folder holding a `batchcast`
+package, put first on PYTHONPATH): every run is a fresh process, and the
+builds take turns run by run (A B A B ...), so that a drift of the machine
+falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -52,24 +59,57 @@ def one_run(leaves: int, step_s: float, batches: int) -> float:
     return statistics.median(cpu[20:])
 
 
+def run_with(build: str, leaves: int, step_s: float, batches: int) -> float:
+    """one_run in a fresh process with `build` first on PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (build, os.environ.get("PYTHONPATH")) if p))
+    code = (f"import sys; sys.path.insert(1, {os.path.dirname(os.path.abspath(__file__))!r}); import torch; "
+            f"torch.set_num_threads(1); import batchcast, leaf_cost; "
+            f"assert batchcast.__file__.startswith({os.path.abspath(build)!r}), batchcast.__file__; "
+            f"print(leaf_cost.one_run({leaves}, {step_s}, {batches}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def row(runs: list[float]) -> str:
+    return f"{statistics.median(runs):.1f} [{min(runs):.1f}, {max(runs):.1f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--leaves", type=int, nargs="+", default=[1, 2, 8])
     ap.add_argument("--steps-ms", type=float, nargs="+", default=[0.0, 20.0])
     ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--builds", nargs="+", metavar="DIR",
+                    help="folders holding a batchcast package to compare, alternated run by run")
     args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.builds:
+        print(f"torch {torch.__version__}; builds: " + ", ".join(f"{chr(65 + i)} = {b}" for i, b in enumerate(args.builds)))
+        head = " | ".join(chr(65 + i) for i in range(len(args.builds)))
+        print(f"| leaves | step | {head} | " + " | ".join(f"{chr(65 + i)} − A" for i in range(1, len(args.builds))) + " |")
+        print("|---|---|" + "---|" * (2 * len(args.builds) - 1))
+        for step in args.steps_ms:
+            for leaves in args.leaves:
+                runs: list[list[float]] = [[] for _ in args.builds]
+                for _ in range(args.repeats):
+                    for i, build in enumerate(args.builds):
+                        runs[i].append(run_with(build, leaves, step / 1000, args.batches) * 1e6)
+                base = statistics.median(runs[0])
+                diffs = [f"{statistics.median(r) - base:+.1f} µs ({(statistics.median(r) / base - 1) * 100:+.0f}%)"
+                         for r in runs[1:]]
+                print(f"| {leaves} | {step:g} ms | " + " | ".join(row(r) for r in runs) + " | " + " | ".join(diffs) + " |",
+                      flush=True)
+        return
     import batchcast as bc
 
-    torch.set_num_threads(1)
     print(f"batchcast from {os.path.dirname(bc.__file__)}, torch {torch.__version__}")
     print("| leaves | step | next() main-thread CPU per batch, µs: median [min, max] of runs |")
     print("|---|---|---|")
     for step in args.steps_ms:
         for leaves in args.leaves:
             runs = [one_run(leaves, step / 1000, args.batches) * 1e6 for _ in range(args.repeats)]
-            print(f"| {leaves} | {step:g} ms | {statistics.median(runs):.1f} [{min(runs):.1f}, {max(runs):.1f}] |",
-                  flush=True)
+            print(f"| {leaves} | {step:g} ms | {row(runs)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,14 @@ MUTANTS = {
         "Tensor.*",
         "cpp:test_tensor",
     ),
+    "view-holds-only-its-first-slot": (
+        "csrc/batchcast/consumer/rebatcher.cpp",
+        [("        if (pieces.size() > 1) {\n", "        if (false) {\n")],
+        "a batch that is one view over several ring slots holds only the first: the others go back "
+        "while the trainer still reads them, and the producer overwrites its samples",
+        "Rebatcher.*",
+        "cpp:test_rebatcher",
+    ),
     "join-plan-keeps-who-left": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }",

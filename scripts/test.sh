@@ -93,7 +93,7 @@ step "The same wheel under a second torch (2.14.1, a CUDA build on the CPU): the
 # One wheel for every torch from the floor (2.11) on: the wheel just checked,
 # installed beside another torch release, runs every capability once.
 bash scripts/torch-versions.sh "$(ls -t dist/batchcast-*.whl | sed -n 1p)" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
-step "Mutants: each deliberate bug (GPU path on the simulated device, slot ledger, join plan, re-padding, the strided copy, sample identities) is caught by a test"
+step "Mutants: each deliberate bug (GPU path on the simulated device, slot ledger, join plan, re-padding, the strided copy, sample identities, a view over several ring slots) is caught by a test"
 $PY tests/mutations/run.py
 step "Types: mypy --strict on the package (with the stubs of its compiled modules)"
 $PY -m pip install -q "mypy==2.4.1"

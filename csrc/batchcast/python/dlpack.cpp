@@ -257,18 +257,30 @@ DLDataType dlpack_dtype(ScalarType dtype) {
   throw InvalidArgument("batchcast cannot hand out tensors of dtype " + dtype_name(dtype));
 }
 
-// Hands the export to torch (which frees it through its deleter) as a
-// torch.Tensor; e.managed.dl_tensor is filled in, pointing into e.
-py::object export_to_python(std::unique_ptr<Exported> exported) {
+DLDevice dlpack_device(const Device& device) {
+  return DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index() : 0};
+}
+
+// Hands `data` to torch as a torch.Tensor of e's shape and strides; `e`
+// holds what keeps the memory alive, and torch frees it through its deleter.
+py::object export_to_python(std::unique_ptr<Exported> exported, void* data, const Device& device, ScalarType dtype) {
   Exported& e = *exported;
+  DLTensor& t = e.managed.dl_tensor;
+  t.data = data;
+  t.device = dlpack_device(device);
+  t.ndim = static_cast<int32_t>(e.shape.size());
+  t.dtype = dlpack_dtype(dtype);
+  t.shape = e.shape.data();
+  t.strides = e.strides.data();
+  t.byte_offset = 0;
   const Torch& torch = torch_module();
   if (torch.exchange != nullptr) {
     e.versioned.version = DLPackVersion{1, 0};
     e.versioned.manager_ctx = &e;
     e.versioned.deleter = &delete_exported_versioned;
-    e.versioned.dl_tensor = e.managed.dl_tensor;
+    e.versioned.dl_tensor = t;
     void* out = nullptr;
-    exported.release();  // torch's now (should the call fail, it may stay unfreed: a few bytes)
+    exported.release();  // torch's now (should the call fail, it may stay unfreed)
     if (torch.exchange->managed_tensor_to_py_object_no_sync(&e.versioned, &out) != 0 || out == nullptr) {
       throw py::error_already_set();
     }
@@ -282,47 +294,26 @@ py::object export_to_python(std::unique_ptr<Exported> exported) {
   return torch.from_dlpack(py::reinterpret_steal<py::object>(capsule));
 }
 
-DLDevice dlpack_device(const Device& device) {
-  return DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index() : 0};
-}
-
 }  // namespace
 
 py::object tensor_to_python(Tensor tensor) {
-  const DLDataType code = dlpack_dtype(tensor.scalar_type());
   auto exported = std::make_unique<Exported>();
-  Exported& e = *exported;
-  e.shape = shape_of(tensor);
+  exported->shape = shape_of(tensor);
   const auto strides = tensor.strides();
-  e.strides.assign(strides.begin(), strides.end());
-  DLTensor& t = e.managed.dl_tensor;
-  t.data = tensor.data_ptr();
-  t.device = dlpack_device(tensor.device());
-  t.ndim = static_cast<int32_t>(e.shape.size());
-  t.dtype = code;
-  t.shape = e.shape.data();
-  t.strides = e.strides.data();
-  t.byte_offset = 0;
-  e.tensor.emplace(std::move(tensor));
-  return export_to_python(std::move(exported));
+  exported->strides.assign(strides.begin(), strides.end());
+  void* data = tensor.data_ptr();
+  const Device device = tensor.device();
+  const ScalarType dtype = tensor.scalar_type();
+  exported->tensor.emplace(std::move(tensor));
+  return export_to_python(std::move(exported), data, device, dtype);
 }
 
 py::object view_to_python(RingView view) {
-  const DLDataType code = dlpack_dtype(view.dtype);
   auto exported = std::make_unique<Exported>();
-  Exported& e = *exported;
-  e.shape = std::move(view.shape);
-  e.strides = contiguous_strides(e.shape);
-  DLTensor& t = e.managed.dl_tensor;
-  t.data = view.data;
-  t.device = dlpack_device(view.device);
-  t.ndim = static_cast<int32_t>(e.shape.size());
-  t.dtype = code;
-  t.shape = e.shape.data();
-  t.strides = e.strides.data();
-  t.byte_offset = 0;
-  e.keep = std::move(view.keep);
-  return export_to_python(std::move(exported));
+  exported->shape = std::move(view.shape);
+  exported->strides = contiguous_strides(exported->shape);
+  exported->keep = std::move(view.keep);
+  return export_to_python(std::move(exported), view.data, view.device, view.dtype);
 }
 
 }  // namespace batchcast::python

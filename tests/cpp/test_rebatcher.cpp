@@ -127,6 +127,48 @@ TEST(Rebatcher, ExactlyOnceInOrderForManySizes) {
   }
 }
 
+// A caller that does not hand identities out (the binding's plain next())
+// skips composing them; a batch asked for them after such batches still gets
+// its own, whether they are dataset indices or positions.
+TEST(Rebatcher, IdentitiesAreComposedOnlyWhenAsked) {
+  for (bool indexed : {false, true}) {
+    FakeRing ring;
+    ring.indexed = indexed;
+    Rebatcher r(5, false);
+    std::vector<int64_t> seen;
+    int64_t popped = 0;
+    auto drain = [&] {
+      while (true) {
+        const bool asked = popped % 2 == 1;
+        auto b = r.pop(asked);
+        if (!b) break;
+        popped += 1;
+        if (asked) {
+          expect_identities(*b, indexed);
+        } else {
+          EXPECT_TRUE(b->indices.empty());
+          EXPECT_EQ(b->indexed, indexed);  // what the identities would be is said either way
+        }
+        auto v = ids(*b);
+        seen.insert(seen.end(), v.begin(), v.end());
+      }
+    };
+    for (int i = 0; i < 8; ++i) {
+      r.push(ring.make(3));  // batches of 5 span two loader batches
+      drain();
+    }
+    auto rest = r.flush(24, /*identities=*/true);
+    ASSERT_TRUE(rest);
+    expect_identities(*rest, indexed);
+    auto v = ids(*rest);
+    seen.insert(seen.end(), v.begin(), v.end());
+    std::vector<int64_t> want(24);
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(seen, want);
+    EXPECT_EQ(popped, 4);
+  }
+}
+
 TEST(Rebatcher, ContiguousSpansAreViewsAndHoldTheirSlots) {
   FakeRing ring;
   Rebatcher r(6, false);

@@ -171,6 +171,31 @@ def test_strided_conjugate_and_negative_views_arrive_as_their_values(runtime_dir
             assert torch.equal(have[key].resolve_conj().resolve_neg(), tensor.resolve_conj().resolve_neg()), key
 
 
+@pytest.mark.parametrize("writable", [False, True])
+def test_tensors_of_many_dimensions_arrive_with_their_shapes_and_values(runtime_dir, writable):
+    # Shapes and strides go to torch with each tensor: a few dimensions are
+    # kept inline, more on the heap; views of the ring (writable=False) and
+    # copies of their own (writable=True) both, rebatched across loader batches.
+    g = torch.Generator().manual_seed(5)
+    shapes = {"flat": (), "three": (2, 3), "six": (1, 2, 1, 3, 1), "nine": (2, 1, 1, 2, 1, 1, 3, 1)}
+    rows = {k: torch.randn(12, *shape, generator=g) for k, shape in shapes.items()}
+
+    class Loader:
+        def __iter__(self):
+            for start in range(0, 12, 4):
+                yield {k: v[start:start + 4] for k, v in rows.items()}
+
+    with bc.Producer(Loader(), "dims", epochs=1):
+        with bc.Consumer("dims", batch_size=6, writable=writable, with_indices=True, timeout=10) as consumer:
+            got = list(consumer)
+    assert [ids.tolist() for _, ids in got] == [list(range(6)), list(range(6, 12))]
+    for key, shape in shapes.items():
+        parts = [batch[key] for batch, _ in got]
+        assert [tuple(p.shape) for p in parts] == [(6, *shape)] * 2, key
+        assert torch.equal(torch.cat(parts), rows[key]), key
+        assert all(p.is_contiguous() for p in parts), key
+
+
 def test_tensors_stay_valid_after_the_consumer_and_producer_are_gone(runtime_dir):
     producer = bc.Producer(id_batches(64, 8), "keep", epochs=1, slots=2).start()
     consumer = bc.Consumer("keep", batch_size=8)

@@ -42,7 +42,8 @@ struct BatchOf {
   // Which samples these are. Published: each sample's index in the loader's
   // dataset where the producer knows it, else empty. Received: each sample's
   // identity, its dataset index where the producer sent them (`indexed`),
-  // else its position in the producer's epoch.
+  // else its position in the producer's epoch; empty from
+  // Consumer::next_views(false), which does not compose them.
   std::vector<int64_t> indices;
   bool indexed = false;
 };

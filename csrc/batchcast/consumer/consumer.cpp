@@ -329,11 +329,12 @@ std::optional<Batch> Consumer::next() {
   return materialize(std::move(*batch));
 }
 
-std::optional<ViewBatch> Consumer::next_views() {
+std::optional<ViewBatch> Consumer::next_views(bool identities) {
   // What next() does in each state of the consumer's life (every one handled).
   struct Dispatch {
     Consumer& c;
-    std::optional<ViewBatch> operator()(const Lifecycle::InEpoch&) { return c.take_next(); }
+    bool identities;
+    std::optional<ViewBatch> operator()(const Lifecycle::InEpoch&) { return c.take_next(identities); }
     std::optional<ViewBatch> operator()(const Lifecycle::Ended& e) {
       return e.past_end ? c.past_end() : std::nullopt;  // else: its epoch was cut short, and is over
     }
@@ -342,11 +343,11 @@ std::optional<ViewBatch> Consumer::next_views() {
     std::optional<ViewBatch> operator()(const Lifecycle::Grouping&) { return std::nullopt; }  // none begun
     std::optional<ViewBatch> operator()(const Lifecycle::Closed&) { return std::nullopt; }
   };
-  return std::visit(Dispatch{*this}, life_.state());
+  return std::visit(Dispatch{*this, identities}, life_.state());
 }
 
 // The next batch of the epoch under way, reading what the producer sent.
-std::optional<ViewBatch> Consumer::take_next() {
+std::optional<ViewBatch> Consumer::take_next(bool identities) {
   // GPU: torch's device guards inside find the ring's device current, so they
   // switch nothing; the caller's thread is left as it was.
   std::optional<cuda::DeviceScope> scope;
@@ -356,7 +357,7 @@ std::optional<ViewBatch> Consumer::take_next() {
   // hand out, or nothing yet (read on).
   using Step = std::optional<std::optional<ViewBatch>>;
   while (true) {
-    if (auto b = rebatcher_.pop()) {
+    if (auto b = rebatcher_.pop(identities)) {
       if (++epoch_batches_ > 1 && replaying_) {
         replay_.clear();  // no longer a peek
         replaying_ = false;
@@ -383,7 +384,7 @@ std::optional<ViewBatch> Consumer::take_next() {
               epochs_done_ += 1;
               replay_.clear();
               replaying_ = false;
-              auto rest = rebatcher_.flush(end.samples);
+              auto rest = rebatcher_.flush(end.samples, identities);
               if (rest) epoch_batches_ += 1;
               return hand_out(std::move(rest));
             },

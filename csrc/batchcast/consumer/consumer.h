@@ -174,8 +174,10 @@ class Consumer {
   std::optional<Batch> next();
   // The same, with the leaves that view the producer's ring left as their
   // description (RingView): for a binding that hands them to its own
-  // tensors without a tensor in between.
-  std::optional<ViewBatch> next_views();
+  // tensors without a tensor in between. identities = false leaves the
+  // batch's `indices` empty (what a caller that does not hand them out
+  // saves composing).
+  std::optional<ViewBatch> next_views(bool identities = true);
   // True once the producer said it serves no more epochs and this one is empty.
   bool finished() const { return life_.finished(); }
   // How samples of variable length are joined (rebatcher.h); before the first
@@ -205,7 +207,7 @@ class Consumer {
   std::optional<ViewBatch> hand_out(std::optional<ViewBatch> batch);
   Tensor private_copy(const Tensor& view) const;
   std::optional<ViewBatch> past_end();
-  std::optional<ViewBatch> take_next();  // in an epoch: reads until a batch, or its end
+  std::optional<ViewBatch> take_next(bool identities);  // in an epoch: reads until a batch, or its end
   bool can_restart() const;
 
   ConsumerOptions options_;

@@ -36,6 +36,7 @@ LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
                                      b.announcement.indices.begin() + from + count);
   }
   copy.positions = b.positions;
+  copy.first_position = b.first_position + from;
   for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
     if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
       if (b.spilled()) {
@@ -285,12 +286,8 @@ bool Rebatcher::waiting() const {
 void Rebatcher::push(LoaderBatch batch) {
   const int64_t position = batch.announcement.position;
   const int64_t samples = batch.announcement.samples;
-  std::vector<int64_t>& ids = batch.announcement.indices;
-  if (ids.empty() && samples > 0) {  // known by their positions in the producer's epoch
-    ids.resize(static_cast<std::size_t>(samples));
-    for (int64_t i = 0; i < samples; ++i) ids[static_cast<std::size_t>(i)] = position + i;
-    batch.positions = true;
-  }
+  batch.positions = batch.announcement.indices.empty();  // known by their positions in the producer's epoch
+  batch.first_position = position;
   end_ = std::max(end_, position + samples);
   if (!batch_size_ && samples == 0 && position >= skip_) {
     pending_.push_back(std::move(batch));  // forwarded as it is: the loader yielded it
@@ -322,14 +319,14 @@ void Rebatcher::spill() {
   stats_.spills += 1;
 }
 
-std::optional<ViewBatch> Rebatcher::pop() {
+std::optional<ViewBatch> Rebatcher::pop(bool identities) {
   if (!batch_size_) {  // forward: one loader batch, whole
     if (pending_.empty()) return std::nullopt;
-    return take(pending_.front().announcement.samples - front_used_);
+    return take(pending_.front().announcement.samples - front_used_, identities);
   }
   if (!group_) {
     if (buffered_ < *batch_size_) return std::nullopt;
-    return take(*batch_size_);
+    return take(*batch_size_, identities);
   }
   auto range = next_range(samples_);
   if (!range) {
@@ -346,18 +343,18 @@ std::optional<ViewBatch> Rebatcher::pop() {
   if (samples_ < 0 && buffered_to() < window_end) return std::nullopt;
   drop_below(range->begin);
   if (buffered_to() < range->end) return std::nullopt;
-  ViewBatch out = take(range->end - range->begin);
+  ViewBatch out = take(range->end - range->begin, identities);
   windows_ += 1;
   progress_ = window_end;
   drop_below(window_end);  // the other ranks' samples of this window
   return out;
 }
 
-std::optional<ViewBatch> Rebatcher::flush(int64_t samples) {
+std::optional<ViewBatch> Rebatcher::flush(int64_t samples, bool identities) {
   std::optional<ViewBatch> out;
   samples_ = samples;
   if (!group_) {
-    if (buffered_ > 0 && !drop_last_) out = take(buffered_);
+    if (buffered_ > 0 && !drop_last_) out = take(buffered_, identities);
   } else if (auto range = next_range(samples)) {
     drop_below(range->begin);
     if (buffered_to() >= std::min(range->end, samples)) {
@@ -366,7 +363,7 @@ std::optional<ViewBatch> Rebatcher::flush(int64_t samples) {
         pad(from, range->end - from);
       }
       const int64_t n = std::min(buffered_, range->end - range->begin);
-      if (n > 0) out = take(n);
+      if (n > 0) out = take(n, identities);
       windows_ += 1;
     }
     progress_ = samples;
@@ -385,7 +382,7 @@ void Rebatcher::clear() {
   head_samples_ = 0;
 }
 
-ViewBatch Rebatcher::take(int64_t n) {
+ViewBatch Rebatcher::take(int64_t n, bool identities) {
   std::vector<Piece> pieces;
   int64_t need = n;
   int64_t used = front_used_;
@@ -407,11 +404,17 @@ ViewBatch Rebatcher::take(int64_t n) {
   out.samples = n;
   out.layout = first.layout;
   out.indexed = true;
-  out.indices.reserve(static_cast<std::size_t>(n));
-  for (const Piece& p : pieces) {
-    const std::vector<int64_t>& ids = p.batch->announcement.indices;
-    out.indices.insert(out.indices.end(), ids.begin() + p.start, ids.begin() + p.start + p.count);
-    out.indexed = out.indexed && !p.batch->positions;
+  for (const Piece& p : pieces) out.indexed = out.indexed && !p.batch->positions;
+  if (identities) {
+    out.indices.reserve(static_cast<std::size_t>(n));
+    for (const Piece& p : pieces) {
+      const protocol::Announcement& a = p.batch->announcement;
+      if (p.batch->positions) {
+        for (int64_t i = 0; i < p.count; ++i) out.indices.push_back(p.batch->first_position + p.start + i);
+      } else {
+        out.indices.insert(out.indices.end(), a.indices.begin() + p.start, a.indices.begin() + p.start + p.count);
+      }
+    }
   }
   for (std::size_t k = 1; k < pieces.size(); ++k) {
     check_same_structure(pieces[k - 1].batch->announcement, pieces[k].batch->announcement);

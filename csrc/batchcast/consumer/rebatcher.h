@@ -62,9 +62,11 @@ struct LoaderBatch {
   std::shared_ptr<ReleaseToken> token;
   std::vector<Tensor> owned;
   Device device = cpu_device();
-  // announcement.indices are the samples' positions in the producer's epoch
-  // (filled in by the rebatcher: the producer did not know dataset indices).
+  // The producer did not know the samples' dataset indices (announcement.
+  // indices is empty): they are known by their positions in its epoch, the
+  // first `first_position` (a copy of some samples, as padding, keeps theirs).
   bool positions = false;
+  int64_t first_position = 0;
   bool spilled() const { return token == nullptr; }
 };
 
@@ -120,11 +122,13 @@ class Rebatcher {
   // The next batch, once its samples are buffered. A leaf whose samples lie
   // back to back in the ring is a RingView; the others are tensors of their
   // own (copies) or lists.
-  std::optional<ViewBatch> pop();
+  // identities: compose each sample's identity (ViewBatch::indices); else
+  // those are left empty (`indexed` is set either way).
+  std::optional<ViewBatch> pop(bool identities = true);
   // At the end of an epoch of `samples` samples: what is left (the partial
   // remainder unless drop_last; a group rank's share of the tail window,
   // padded); empties the buffer.
-  std::optional<ViewBatch> flush(int64_t samples);
+  std::optional<ViewBatch> flush(int64_t samples, bool identities = true);
   void clear();
 
   int64_t buffered() const { return buffered_; }
@@ -155,7 +159,7 @@ class Rebatcher {
   void keep_head(const LoaderBatch& batch);
   void pad(int64_t from, int64_t count);
   bool waiting() const;  // pending samples that cannot make a batch yet
-  ViewBatch take(int64_t n);
+  ViewBatch take(int64_t n, bool identities);
   void spill();
   // The pad value of each leaf of batches laid out as `layout` (none: not padded).
   const std::vector<std::optional<double>>& pad_values(const protocol::Announcement& a);

@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -126,13 +127,27 @@ const Torch& torch_module() {
 
 // What torch takes over: what keeps the memory alive (a core tensor, or the
 // ring slots of a view) and the shape and strides the DLTensor points to, in
-// a managed tensor of either version.
+// a managed tensor of either version. One allocation: the shape and strides
+// of up to kInlineDims dimensions are kept inline.
 struct Exported {
+  static constexpr std::size_t kInlineDims = 6;
+
   DLManagedTensor managed{};
   DLManagedTensorVersioned versioned{};
   std::optional<Tensor> tensor;
   std::shared_ptr<const void> keep;
-  std::vector<int64_t> shape, strides;
+
+  explicit Exported(std::size_t ndim) : ndim_(ndim) {
+    if (ndim > kInlineDims) heap_.resize(2 * ndim);
+  }
+  std::size_t ndim() const { return ndim_; }
+  int64_t* shape() { return heap_.empty() ? inline_.data() : heap_.data(); }
+  int64_t* strides() { return shape() + ndim_; }
+
+ private:
+  std::size_t ndim_;
+  std::array<int64_t, 2 * kInlineDims> inline_{};
+  std::vector<int64_t> heap_;  // beyond kInlineDims dimensions
 };
 
 void delete_exported(DLManagedTensor* managed) { delete static_cast<Exported*>(managed->manager_ctx); }
@@ -268,10 +283,10 @@ py::object export_to_python(std::unique_ptr<Exported> exported, void* data, cons
   DLTensor& t = e.managed.dl_tensor;
   t.data = data;
   t.device = dlpack_device(device);
-  t.ndim = static_cast<int32_t>(e.shape.size());
+  t.ndim = static_cast<int32_t>(e.ndim());
   t.dtype = dlpack_dtype(dtype);
-  t.shape = e.shape.data();
-  t.strides = e.strides.data();
+  t.shape = e.shape();
+  t.strides = e.strides();
   t.byte_offset = 0;
   const Torch& torch = torch_module();
   if (torch.exchange != nullptr) {
@@ -297,10 +312,11 @@ py::object export_to_python(std::unique_ptr<Exported> exported, void* data, cons
 }  // namespace
 
 py::object tensor_to_python(Tensor tensor) {
-  auto exported = std::make_unique<Exported>();
-  exported->shape = shape_of(tensor);
+  const auto sizes = tensor.sizes();
   const auto strides = tensor.strides();
-  exported->strides.assign(strides.begin(), strides.end());
+  auto exported = std::make_unique<Exported>(sizes.size());
+  std::copy(sizes.begin(), sizes.end(), exported->shape());
+  std::copy(strides.begin(), strides.end(), exported->strides());
   void* data = tensor.data_ptr();
   const Device device = tensor.device();
   const ScalarType dtype = tensor.scalar_type();
@@ -309,9 +325,12 @@ py::object tensor_to_python(Tensor tensor) {
 }
 
 py::object view_to_python(RingView view) {
-  auto exported = std::make_unique<Exported>();
-  exported->shape = std::move(view.shape);
-  exported->strides = contiguous_strides(exported->shape);
+  const std::size_t ndim = view.shape.size();
+  auto exported = std::make_unique<Exported>(ndim);
+  int64_t* shape = exported->shape();
+  int64_t* strides = exported->strides();
+  std::copy(view.shape.begin(), view.shape.end(), shape);
+  contiguous_strides(shape, ndim, strides);
   exported->keep = std::move(view.keep);
   return export_to_python(std::move(exported), view.data, view.device, view.dtype);
 }

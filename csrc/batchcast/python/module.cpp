@@ -413,7 +413,7 @@ PYBIND11_MODULE(_C, m) {
       .def("begin_epoch", [](BoundConsumer& b) { return released(b, [](Consumer& c) { return c.begin_epoch(); }); })
       .def("next",
            [](BoundConsumer& b, bool indices) -> py::object {
-             std::optional<ViewBatch> batch = released(b, [](Consumer& c) { return c.next_views(); });
+             std::optional<ViewBatch> batch = released(b, [indices](Consumer& c) { return c.next_views(indices); });
              if (!batch) return py::none();
              if (!indices) return py::make_tuple(batch->layout, leaves_to_python(batch->leaves), batch->samples);
              Tensor ids = empty({static_cast<int64_t>(batch->indices.size())}, ScalarType::Long, cpu_device());

@@ -12,9 +12,17 @@
 
 namespace batchcast {
 
+void contiguous_strides(const int64_t* shape, std::size_t ndim, int64_t* strides) {
+  int64_t stride = 1;
+  for (std::size_t d = ndim; d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(shape[d], 1);
+  }
+}
+
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  std::vector<int64_t> strides(shape.size());
+  contiguous_strides(shape.data(), shape.size(), strides.data());
   return strides;
 }
 

@@ -32,6 +32,8 @@ std::string device_text(const Device& device);
 std::vector<int64_t> shape_of(const Tensor& t);
 // The strides (in elements) of a contiguous tensor of this shape.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+// The same, written to strides[0, ndim).
+void contiguous_strides(const int64_t* shape, std::size_t ndim, int64_t* strides);
 uint64_t nbytes(const Tensor& t);
 // Its memory is exactly its values, back to back: its bytes can be copied as
 // they are. (Tensors reach the core through DLPack, which carries no lazy

@@ -53,7 +53,7 @@ assert n == batches, n
 ROWS = [
     ("binding next()", r"initialize<pybind11_init__C\(pybind11::module_&\)::\{lambda\(\(anonymous namespace\)::"
                        r"Bound<batchcast::Consumer>&(, bool)?\)#\d+\}, pybind11::object"),
-    ("core next", r"batchcast::Consumer::next_views\(\)|batchcast::Consumer::next\(\)"),
+    ("core next", r"batchcast::Consumer::next_views\((bool)?\)|batchcast::Consumer::next\(\)"),
     ("release (THPVariable_dealloc)", r"THPVariable_dealloc\(_object\*\)"),
 ]
 

@@ -295,7 +295,7 @@ py::object export_to_python(std::unique_ptr<Exported> exported, void* data, cons
     e.versioned.deleter = &delete_exported_versioned;
     e.versioned.dl_tensor = t;
     void* out = nullptr;
-    exported.release();  // torch's now (should the call fail, it may stay unfreed)
+    exported.release();  // torch's now: the call takes it over, failing or not (dlpack.h)
     if (torch.exchange->managed_tensor_to_py_object_no_sync(&e.versioned, &out) != 0 || out == nullptr) {
       throw py::error_already_set();
     }

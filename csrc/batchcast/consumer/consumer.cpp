@@ -457,7 +457,7 @@ std::optional<ViewBatch> Consumer::hand_out(std::optional<ViewBatch> batch) {
   if (!batch) return batch;
   batches_ += 1;
   samples_ += batch->samples;
-  if (batch->samples > 0) sample_identity_ = batch->indexed ? "dataset index" : "position";
+  if (batch->samples > 0) indexed_ = batch->indexed;
   if (copy_out_) {
     bool copied = false;
     for (ViewLeaf& leaf : batch->leaves) {
@@ -608,7 +608,7 @@ ConsumerStats Consumer::stats() const {
   s.first_position = first_position_;
   s.batches = batches_;
   s.samples = samples_;
-  s.sample_identity = sample_identity_;
+  s.sample_identity = !indexed_ ? "" : *indexed_ ? "dataset index" : "position";
   s.loader_batches = c.received;
   s.views = rebatcher_.stats().views;
   s.copies = rebatcher_.stats().copies;

@@ -242,7 +242,7 @@ class Consumer {
   int64_t loader_batches_per_epoch_ = -1;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
-  std::string sample_identity_;
+  std::optional<bool> indexed_;  // how the last batch's samples are known (none: no batch yet)
   protocol::Resume resume_ = protocol::Resume::None;
   int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
   int64_t resume_position_ = 0;

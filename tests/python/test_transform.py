@@ -268,6 +268,7 @@ def test_results_are_collated_as_a_dataloader_would(runtime_dir):
 def test_with_indices_gives_each_samples_dataset_index(runtime_dir):
     with bc.Producer(loader(num_workers=2), "indices", epochs=2):
         c = bc.Consumer("indices", batch_size=7, with_indices=True)
+        assert c.stats()["sample_identity"] == ""  # no batch yet
         for _ in range(2):
             seen = []
             for (x, labels), indices in c:

@@ -121,8 +121,10 @@ MUTANTS = {
     ),
     "identity-ignores-where-a-piece-starts": (
         "csrc/batchcast/consumer/rebatcher.cpp",
-        [("    out.indices.insert(out.indices.end(), ids.begin() + p.start, ids.begin() + p.start + p.count);\n",
-          "    out.indices.insert(out.indices.end(), ids.begin(), ids.begin() + p.count);\n")],
+        [("        for (int64_t i = 0; i < p.count; ++i) out.indices.push_back(p.batch->first_position + p.start + i);\n",
+          "        for (int64_t i = 0; i < p.count; ++i) out.indices.push_back(p.batch->first_position + i);\n"),
+         ("        out.indices.insert(out.indices.end(), a.indices.begin() + p.start, a.indices.begin() + p.start + p.count);\n",
+          "        out.indices.insert(out.indices.end(), a.indices.begin(), a.indices.begin() + p.count);\n")],
         "a consumer batch that starts inside a loader batch names the identities of that loader batch's "
         "first samples: a trainer's augmentation then depends on its batch size, and with_indices lies",
         "one_seed_one_augmentation or with_indices",

@@ -35,7 +35,6 @@ LoaderBatch copy_rows(const LoaderBatch& b, int64_t from, int64_t count) {
     copy.announcement.indices.assign(b.announcement.indices.begin() + from,
                                      b.announcement.indices.begin() + from + count);
   }
-  copy.positions = b.positions;
   copy.first_position = b.first_position + from;
   for (std::size_t j = 0; j < b.announcement.leaves.size(); ++j) {
     if (const auto* t = std::get_if<protocol::TensorLeaf>(&b.announcement.leaves[j])) {
@@ -286,8 +285,7 @@ bool Rebatcher::waiting() const {
 void Rebatcher::push(LoaderBatch batch) {
   const int64_t position = batch.announcement.position;
   const int64_t samples = batch.announcement.samples;
-  batch.positions = batch.announcement.indices.empty();  // known by their positions in the producer's epoch
-  batch.first_position = position;
+  batch.first_position = position;  // the identity of its first sample, if known by position
   end_ = std::max(end_, position + samples);
   if (!batch_size_ && samples == 0 && position >= skip_) {
     pending_.push_back(std::move(batch));  // forwarded as it is: the loader yielded it
@@ -404,12 +402,12 @@ ViewBatch Rebatcher::take(int64_t n, bool identities) {
   out.samples = n;
   out.layout = first.layout;
   out.indexed = true;
-  for (const Piece& p : pieces) out.indexed = out.indexed && !p.batch->positions;
+  for (const Piece& p : pieces) out.indexed = out.indexed && !p.batch->by_position();
   if (identities) {
     out.indices.reserve(static_cast<std::size_t>(n));
     for (const Piece& p : pieces) {
       const protocol::Announcement& a = p.batch->announcement;
-      if (p.batch->positions) {
+      if (p.batch->by_position()) {
         for (int64_t i = 0; i < p.count; ++i) out.indices.push_back(p.batch->first_position + p.start + i);
       } else {
         out.indices.insert(out.indices.end(), a.indices.begin() + p.start, a.indices.begin() + p.start + p.count);

@@ -62,11 +62,12 @@ struct LoaderBatch {
   std::shared_ptr<ReleaseToken> token;
   std::vector<Tensor> owned;
   Device device = cpu_device();
-  // The producer did not know the samples' dataset indices (announcement.
-  // indices is empty): they are known by their positions in its epoch, the
-  // first `first_position` (a copy of some samples, as padding, keeps theirs).
-  bool positions = false;
+  // Where the producer did not know the samples' dataset indices
+  // (announcement.indices is empty), they are known by their positions in its
+  // epoch, the first `first_position` (a copy of some samples, as padding,
+  // keeps theirs).
   int64_t first_position = 0;
+  bool by_position() const { return announcement.indices.empty(); }
   bool spilled() const { return token == nullptr; }
 };
 

@@ -24,21 +24,65 @@ stream that asks for the batch waits for that work before it gets the batch.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import concurrent.futures.thread  # noqa: F401  (its exit hook is registered before ours)
+import contextlib
 import inspect
 import json
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from . import _forks
 from ._core import _C
 from ._structure import TEXT
 
 _MASK = (1 << 64) - 1
+
+# The interpreter is exiting: transform threads stop at their next sample
+# (Python joins them at exit, after the chunk of samples each is working on;
+# registered after concurrent.futures' own hook, so run before it).
+_exiting = False
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+
 # torch's global generator is one per process: transforms that draw from it
 # (seeded per sample, the caller's state restored) run one at a time.
 _GLOBAL_GENERATOR = threading.Lock()
+
+
+@contextlib.contextmanager
+def _global_generators_seeded(seed: int, cuda: Any) -> Iterator[None]:
+    """torch's global CPU generator (and the global generator of GPU `cuda`,
+    for a batch there) seeded with `seed`, their states restored after.
+
+    The generators themselves, not torch.manual_seed or torch.random.fork_rng:
+    those also seed (or restore) every other device type's generators through
+    calls that hold a Python lock of torch's while they format a stack trace
+    (torch.mtia's and torch.cuda's lazy seeding). A DataLoader worker forked
+    by another thread at that moment inherits that lock held, and waits for it
+    for ever in its own torch.manual_seed."""
+    generators = [torch.default_generator]
+    if cuda is not None:
+        index = cuda.index if cuda.index is not None else torch.cuda.current_device()
+        if not torch.cuda.default_generators:
+            torch.cuda.init()
+        generators.append(torch.cuda.default_generators[index])
+    saved = [g.get_state() for g in generators]
+    for g in generators:
+        g.manual_seed(seed)
+    try:
+        yield
+    finally:
+        for g, state in zip(generators, saved):
+            g.set_state(state)
 
 
 def _mix(x: int) -> int:
@@ -275,19 +319,21 @@ class Pending:
     def _samples(self, layout: Any, a: int, b: int) -> None:
         work = self.work
         for i in range(a, b):
+            if _exiting:
+                self.errors[i] = RuntimeError("the interpreter is exiting")
+                return
             try:
-                sample = _sample(layout, self.leaves, i)
-                seed = sample_seed(work.seed, self.epoch, self.identities[i])
-                if work.with_generator:
-                    generator = torch.Generator()
-                    generator.manual_seed(seed)
-                    result = work.fn(sample, generator=generator)
-                else:
-                    devices = [self.cuda] if self.cuda is not None else []
-                    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=devices):
-                        torch.manual_seed(seed)
-                        result = work.fn(sample)
-                self.out.place(i, result, self.name)
+                with _forks.section:  # a fork of this process waits for the sample (_forks)
+                    sample = _sample(layout, self.leaves, i)
+                    seed = sample_seed(work.seed, self.epoch, self.identities[i])
+                    if work.with_generator:
+                        generator = torch.Generator()
+                        generator.manual_seed(seed)
+                        result = work.fn(sample, generator=generator)
+                    else:
+                        with _GLOBAL_GENERATOR, _global_generators_seeded(seed, self.cuda):
+                            result = work.fn(sample)
+                    self.out.place(i, result, self.name)
             except Exception as exc:  # reaches the training loop with the sample named
                 self.errors[i] = exc
                 return  # the rest of this chunk is not needed: the batch fails

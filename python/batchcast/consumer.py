@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import contextlib
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 
@@ -340,6 +341,8 @@ class Consumer:
         transform_threads: int | None = None,
         with_indices: bool = False,
     ) -> None:
+        self._pid = os.getpid()  # a forked child's copy of this consumer is not usable
+        self._core: _C.Consumer | None = None
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
@@ -393,7 +396,6 @@ class Consumer:
             shared_gpu_views=bool(shared_gpu_views),
         )
         _name_the_line_that_writes()
-        self._core: _C.Consumer | None = None
         self._stats: dict[str, Any] | None = None
         self._connect(state)
 
@@ -612,12 +614,23 @@ class Consumer:
         return True
 
     def _live(self) -> _C.Consumer:
+        if self._pid != os.getpid():
+            raise _C.Error(
+                f"consumer of '{self.name}' was made by process {self._pid}; process {os.getpid()} is a "
+                "fork of it (a DataLoader worker, a multiprocessing pool) and cannot use it: its "
+                "connection, threads and batches are the parent's. Make a new Consumer in the child")
         if self._core is None:
             raise RuntimeError(f"consumer of '{self.name}' is closed")
         return self._core
 
     def close(self) -> None:
         """Leaves the producer. Tensors already handed out stay valid."""
+        if getattr(self, "_pid", None) != os.getpid():
+            # A forked child's copy (or a consumer never made): the connection,
+            # the threads and what they fetched are the parent's; nothing of
+            # them is waited for, closed or given back here.
+            self._core = self._fetcher = self._transform = self._ahead = None
+            return
         try:
             self._drop_ahead()
         finally:

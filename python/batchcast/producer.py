@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, cast
@@ -13,6 +14,7 @@ from ._core import _C
 from ._device import parse_device
 from ._identity import SampleIndices, why_unknown
 from ._in_ring import Leaser
+from ._loader_watch import LoaderWatch, starting_workers, worker_pids
 from ._order import BlockOrder, steering
 from ._structure import flatten_after
 
@@ -65,6 +67,8 @@ def _make_way(name: str, runtime_dir: str | None) -> tuple[str, str]:
 @atexit.register
 def _stop_serving_at_exit() -> None:
     for producer in list(_serving):
+        if producer._pid != os.getpid():  # a forked child's copy: serving is the parent's
+            continue
         try:
             producer.stop(timeout=10.0)
         except BaseException as exc:  # the loader's error, kept for stop(): nobody is left to raise it to
@@ -208,6 +212,8 @@ class Producer:
         linger: float = 30.0,
         pack_fn: Callable[[Any], Any] | None = None,
     ) -> None:
+        self._pid = os.getpid()  # a forked child's copy of this producer does nothing
+        self._core: _C.Producer | None = None
         kind, cuda_device = parse_device(device, "device")
         key = _make_way(name, runtime_dir) if isinstance(name, str) else None
         if epochs is not None and (not isinstance(epochs, int) or epochs < 0):
@@ -253,7 +259,7 @@ class Producer:
                       "do that work in the dataset's __getitem__ instead, or leave it to the "
                       "trainers")
         in_flight = Leaser.in_flight(loader) if in_place else 0
-        self._core: _C.Producer | None = _C.Producer(
+        self._core = _C.Producer(
             name=name,
             runtime_dir=runtime_dir or "",
             slots=max(int(slots), in_flight),
@@ -329,7 +335,12 @@ class Producer:
         core.wait_for_consumers(1)
         self.epochs_begun = epoch + 1
         core.begin_epoch(epoch)
-        iterator = iter(self.loader)
+        # The loader's workers (forked now, from this thread) end with this
+        # process whatever they are doing; a wait for the loader is watched.
+        with starting_workers():
+            iterator = iter(self.loader)
+        workers = worker_pids(iterator)
+        watch = LoaderWatch(core, self.name, lambda: workers)
         leaser = self._leaser
         batches = 0
         # Serving until stopped, nobody present: the loader is not asked for
@@ -384,7 +395,9 @@ class Producer:
             core.fail(f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            watch.close()
             del iterator  # shuts DataLoader workers down as a loop would
+        core.note_loader_workers([])
         core.end_epoch()
         self._batches_served += batches
         self.epochs_served = epoch + 1
@@ -455,6 +468,9 @@ class Producer:
 
     def close(self) -> None:
         """Releases the name, the socket and this process's mapping of the ring."""
+        if self._pid != os.getpid():  # a forked child's copy: all of it is the parent's
+            self._core = None
+            return
         core, self._core = self._core, None
         if self._leaser is not None:
             self._leaser.restore()  # the loader as it was given
@@ -479,6 +495,8 @@ class Producer:
 
     def __del__(self) -> None:
         try:
+            if self._pid != os.getpid():  # a forked child's copy: serving is the parent's
+                return
             self._stop.set()
             if self._core is not None:
                 self._core.stop()

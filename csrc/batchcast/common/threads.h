@@ -13,3 +13,15 @@ namespace batchcast {
 std::thread start_background_thread(const char* name, std::function<void()> body);
 
 }  // namespace batchcast
+
+namespace batchcast {
+
+// Ends this process (_exit(code)) once process `pid` has exited: for a
+// process that only works for `pid` (a DataLoader worker of a producer), so
+// that it never outlives it blocked where its own watchdog does not look (a
+// lock copied held by the fork, a stuck file system). A detached background
+// thread waits on the process (a pidfd; without one it checks every second).
+// If `pid` is gone already, the process ends at once.
+void exit_with_process(long pid, int code);
+
+}  // namespace batchcast

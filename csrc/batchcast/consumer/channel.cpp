@@ -70,6 +70,16 @@ Channel::Channel(ChannelOptions options)
 }
 
 Channel::~Channel() {
+  if (!born_.here()) {
+    // A forked child's copy: the watchdog, the socket, the mailbox and the
+    // mapping are the parent's (common/fork.h).
+    leave_behind(watchdog_);
+    leave_behind(dealer_);
+    leave_behind(context_);
+    leave_behind(mailbox_);
+    leave_behind(ring_);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     quit_ = true;
@@ -193,6 +203,7 @@ void Channel::leave() {
 }
 
 void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept {
+  if (!born_.here()) return;  // the slot is the parent's (common/fork.h)
   MappedRing* ring = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -36,6 +36,7 @@
 #include <zmq.hpp>
 
 #include "batchcast/common/endpoint.h"
+#include "batchcast/common/fork.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/mailbox/mailbox.h"
 #include "batchcast/mailbox/ordering.h"
@@ -165,6 +166,7 @@ class Channel final : public ReleaseSink, public std::enable_shared_from_this<Ch
 
   std::atomic<bool> trainer_inside_{false};  // a trainer is in take() or join()
   std::thread watchdog_;
+  Birthplace born_;  // a forked child's copy touches nothing of the parent's
 };
 
 }  // namespace batchcast

@@ -157,11 +157,16 @@ void Consumer::place(const protocol::Ring& ring) {
 }
 
 Consumer::~Consumer() {
+  if (!born_.here()) {  // a forked child's copy: the connection is the parent's (common/fork.h)
+    leave_behind(channel_);
+    return;
+  }
   close();
   channel_.reset();  // the channel itself lives on while handed-out tensors do
 }
 
 void Consumer::close() {
+  if (!born_.here()) return;  // a forked child's copy: the connection is the parent's
   rebatcher_.clear();
   replay_.clear();
   replaying_ = false;

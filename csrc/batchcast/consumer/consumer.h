@@ -247,6 +247,7 @@ class Consumer {
   int64_t resume_at_epoch_ = -1;    // the epoch it resumes in, from resume_position_
   int64_t resume_position_ = 0;
   std::string loader_;
+  Birthplace born_;
 };
 
 }  // namespace batchcast

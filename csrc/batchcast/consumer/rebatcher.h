@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "batchcast/common/batch.h"
+#include "batchcast/common/fork.h"
 #include "batchcast/cuda/runtime.h"
 #include "batchcast/protocol/message.h"
 
@@ -33,7 +34,10 @@ class ReleaseSink {
 };
 
 // Held by every tensor viewing a slot (through its deleter) and by the
-// rebatcher while samples of the slot are pending. The last owner releases.
+// rebatcher while samples of the slot are pending. The last owner releases,
+// in the process the token was made in: a forked child's copy of a tensor
+// dying there gives nothing back (the slot is the parent's) and leaves the
+// sink as it is (common/fork.h).
 class ReleaseToken {
  public:
   ReleaseToken(uint64_t seq, std::shared_ptr<ReleaseSink> sink,
@@ -41,7 +45,13 @@ class ReleaseToken {
       : seq_(seq), sink_(std::move(sink)), stream_(stream) {}
   ReleaseToken(const ReleaseToken&) = delete;
   ReleaseToken& operator=(const ReleaseToken&) = delete;
-  ~ReleaseToken() { sink_->release(seq_, stream_); }
+  ~ReleaseToken() {
+    if (born_.here()) {
+      sink_->release(seq_, stream_);
+    } else {
+      leave_behind(sink_);
+    }
+  }
   uint64_t seq() const { return seq_; }
   // The GPU stream the slot's memory is used on (set before it is used).
   void set_stream(const cuda::StreamRef& stream) { stream_ = stream; }
@@ -50,6 +60,7 @@ class ReleaseToken {
   uint64_t seq_;
   std::shared_ptr<ReleaseSink> sink_;
   std::optional<cuda::StreamRef> stream_;
+  Birthplace born_;
 };
 
 // One announced loader batch whose tensors live at `base` + leaf offsets in

@@ -56,7 +56,7 @@ Producer::Producer(ProducerOptions options)
       slots_([this](uint64_t seq) {
         if (ring_) ring_->release(seq);  // (after close(), a lease may still come back)
         freed_since_sweep_ = true;
-        space_.notify_all();
+        signals_->space.notify_all();
       }),
       membership_(MembershipOptions{options_.name, ::getpid(), options_.slots,
                                     *options_.catch_up_window, options_.straggler_timeout.value_or(0),
@@ -82,7 +82,23 @@ Producer::Producer(ProducerOptions options)
   io_ = start_background_thread("batchcast-io", [this] { serve(); });
 }
 
-Producer::~Producer() { close(); }
+Producer::~Producer() {
+  if (!born_.here()) {
+    // A forked child's copy (a DataLoader worker, say): the I/O thread, the
+    // socket, the name, the ring and the consumers' mailboxes are the
+    // parent's, and so are the condition variables its threads wait on
+    // (common/fork.h).
+    leave_behind(io_);
+    leave_behind(router_);
+    leave_behind(context_);
+    leave_behind(lock_);
+    leave_behind(ring_);
+    leave_behind(links_);
+    leave_behind(signals_);
+    return;
+  }
+  close();
+}
 
 void Producer::tell(const Report& report) const {
   if (options_.reporter) options_.reporter(report);
@@ -140,9 +156,9 @@ void Producer::end_stream(Phase next) {
 }
 
 void Producer::wake_all() {
-  space_.notify_all();
-  members_.notify_all();
-  drained_.notify_all();
+  signals_->space.notify_all();
+  signals_->members.notify_all();
+  signals_->drained.notify_all();
   wakeup_.notify();
 }
 
@@ -152,6 +168,7 @@ Producer::Phase Producer::phase() const {
 }
 
 void Producer::close() {
+  if (!born_.here()) return;  // a forked child's copy: serving is the parent's (common/fork.h)
   std::lock_guard<std::mutex> closing(close_mu_);
   // The stream's end went out before close(): consumers are owed what they were sent.
   bool served = false;
@@ -164,7 +181,7 @@ void Producer::close() {
     if (phase_ == Phase::Serving || phase_ == Phase::Stopping) end_stream(Phase::Closed);
     phase_ = Phase::Closed;
     wake_all();  // every blocked call ends
-    drained_.wait(lock, [&] { return publishing_ == 0; });
+    signals_->drained.wait(lock, [&] { return publishing_ == 0; });
   }
   std::exception_ptr interrupted;
   if (ring_->unmap_before_free()) {
@@ -195,7 +212,7 @@ std::exception_ptr Producer::await_mapped() {
     // The membership learns whom the ring was sent to as the I/O thread hands
     // it the stream (the ring, the batches, the end): first let it catch up.
     std::unique_lock<std::mutex> lock(mu_);
-    drained_.wait_for(lock, std::chrono::seconds(5), [&] { return stream_.empty() || io_error_ != nullptr; });
+    signals_->drained.wait_for(lock, std::chrono::seconds(5), [&] { return stream_.empty() || io_error_ != nullptr; });
   }
   return await_consumers(
       [this] { return membership_.ring_unmapped_yet(); }, kWaitSlice,
@@ -267,7 +284,7 @@ std::exception_ptr Producer::await_consumers(const std::function<std::vector<int
       tell(r);
       lock.lock();
     }
-    members_.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice));
+    signals_->members.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice));
     if (interruptible && options_.interrupt && Clock::now() - last_interrupt >= kWaitSlice) {
       last_interrupt = Clock::now();
       lock.unlock();
@@ -297,7 +314,7 @@ bool Producer::wait_for_consumers(int64_t count, double timeout_seconds) {
   membership_.set_awaiting(count);  // newcomers hear why they wait
   bool ready = false;
   try {
-    ready = wait(lock, members_, timeout_seconds,
+    ready = wait(lock, signals_->members, timeout_seconds,
                  [&] { return stopping() || membership_.active() >= count; });
   } catch (...) {
     membership_.set_awaiting(0);
@@ -315,7 +332,7 @@ void Producer::begin_epoch(int64_t epoch) {
   check_serving("begin_epoch");
   // The last epoch's batches and end reach the membership first: whoever
   // joins from here on starts at this epoch, whole.
-  wait(lock, drained_, -1, [&] { return stream_.empty() || io_error_ != nullptr || stopping(); });
+  wait(lock, signals_->drained, -1, [&] { return stream_.empty() || io_error_ != nullptr || stopping(); });
   rethrow_io_error();
   if (stopping()) throw Stopped("producer stopped");
   epoch_ = epoch;
@@ -389,7 +406,7 @@ RingSlot Producer::wait_for_slot(std::unique_lock<std::mutex>& lock, const Layou
   waiting_since_ = wait_start;
   bool told = false;
   try {
-    wait(lock, space_, -1, [&] {
+    wait(lock, signals_->space, -1, [&] {
       if (!slot && phase_ == Phase::Serving) {
         slot = ring_->try_reserve(layout.bytes, layout.align, membership_.kept_slots());
         if (slot && lease) slots_.lease(slot->seq, SlotLedger::Place{slot->offsets, slot->event});
@@ -441,7 +458,7 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease, bool
     ~Done() {
       std::lock_guard<std::mutex> lock(p->mu_);
       p->publishing_ -= 1;
-      p->drained_.notify_all();
+      p->signals_->drained.notify_all();
     }
   } done{this};
   uint64_t copied = 0;
@@ -598,10 +615,11 @@ void Producer::finish() {
   if (phase_ != Phase::Serving && phase_ != Phase::Stopping) return;  // the stream has ended already
   end_stream(phase_ == Phase::Serving ? Phase::Served : Phase::Stopped);
   // Return once the I/O thread has handed everything to ZeroMQ.
-  wait(lock, drained_, 5.0, [&] { return stream_.empty() || io_error_ != nullptr; });
+  wait(lock, signals_->drained, 5.0, [&] { return stream_.empty() || io_error_ != nullptr; });
 }
 
 void Producer::stop() {
+  if (!born_.here()) return;  // a forked child's copy: serving is the parent's
   std::lock_guard<std::mutex> lock(mu_);
   if (phase_ == Phase::Serving) phase_ = Phase::Stopping;
   wake_all();
@@ -611,6 +629,11 @@ void Producer::enqueue(StreamItem item) {
   std::lock_guard<std::mutex> lock(mu_);
   stream_.push_back(std::move(item));
   wakeup_.notify();
+}
+
+void Producer::note_loader_workers(std::vector<int64_t> pids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.loader_workers = std::move(pids);
 }
 
 int64_t Producer::consumer_count() const {
@@ -702,7 +725,7 @@ void Producer::serve_until_quit() {
       }
       apply(std::move(actions));
     }
-    drained_.notify_all();
+    signals_->drained.notify_all();
     if (Clock::now() - last_sweep >= kSweepPeriod) {
       last_sweep = Clock::now();
       Actions actions;
@@ -719,7 +742,7 @@ void Producer::serve_until_quit() {
                                        waiting_for_space_ && !freed_since_sweep_, last_sweep, waits);
         freed_since_sweep_ = false;
         // Releases change what counts as kept (room the ring makes): try again.
-        if (waiting_for_space_) space_.notify_all();
+        if (waiting_for_space_) signals_->space.notify_all();
       }
       apply(std::move(actions));
     }
@@ -848,7 +871,7 @@ void Producer::apply(Actions actions) {
     if (send.welcome) open_mailbox(send.peer, send.consumer_id);
   }
   if (actions.members_changed) forget_links();
-  if (actions.members_changed) members_.notify_all();
+  if (actions.members_changed) signals_->members.notify_all();
   for (const Report& r : actions.reports) tell(r);
   if (!actions.status_requests.empty()) {
     const std::string status = protocol::encode(protocol::Status{status_json()});
@@ -865,7 +888,11 @@ std::string Producer::status_json() const {
   w.field("samples_per_epoch", options_.samples_per_epoch);
   s.visit([&](const char* name, const auto& value) {
     using T = std::decay_t<decltype(value)>;
-    if constexpr (std::is_same_v<T, std::vector<ConsumerInfo>>) {
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      w.key(name).begin_array();
+      for (int64_t v : value) w.value(v);
+      w.end_array();
+    } else if constexpr (std::is_same_v<T, std::vector<ConsumerInfo>>) {
       w.key(name).begin_array();
       for (const ConsumerInfo& c : value) {
         w.begin_object();

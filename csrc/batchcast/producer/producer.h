@@ -31,6 +31,7 @@
 #include "batchcast/common/batch.h"
 #include "batchcast/common/endpoint.h"
 #include "batchcast/common/fields.h"
+#include "batchcast/common/fork.h"
 #include "batchcast/common/report.h"
 #include "batchcast/mailbox/mailbox.h"
 #include "batchcast/mailbox/ordering.h"
@@ -96,6 +97,9 @@ struct ProducerOptions {
   /* long so far (the counters above grow only when a wait ends).                   */        \
   X(std::string, waiting_for, "")                                                             \
   X(double, waiting_seconds, 0)                                                               \
+  /* The loader's worker processes alive, as the producer last noted them (a      */        \
+  /* DataLoader's; none: it has no workers, or none is running)                   */        \
+  X(std::vector<int64_t>, loader_workers, {})                                                 \
   X(int64_t, consumers_wanted, 0)                                                             \
   BATCHCAST_MEMBERSHIP_COUNTERS(X)                                                            \
   X(uint64_t, ring_bytes, 0)                                                                  \
@@ -133,6 +137,9 @@ class Producer {
   Producer(const Producer&) = delete;
   Producer& operator=(const Producer&) = delete;
   ~Producer();
+
+  // The loader's worker processes alive now (for stats() and the status).
+  void note_loader_workers(std::vector<int64_t> pids);
 
   // Blocks until `count` consumers are present. False on timeout (seconds < 0:
   // no timeout). Throws Stopped when stop() is called meanwhile.
@@ -300,9 +307,12 @@ class Producer {
   Layout first_;                       // of the first batch: what the ring and leases are sized for
 
   mutable std::mutex mu_;
-  std::condition_variable space_;    // ring space freed, or stopping
-  std::condition_variable members_;  // a consumer came or went, or stopping
-  std::condition_variable drained_;  // the stream was delivered; a publish ended
+  struct Signals {  // (apart: a forked child's copy must not destroy them, common/fork.h)
+    std::condition_variable space;    // ring space freed, or stopping
+    std::condition_variable members;  // a consumer came or went, or stopping
+    std::condition_variable drained;  // the stream was delivered; a publish ended
+  };
+  std::unique_ptr<Signals> signals_ = std::make_unique<Signals>();
   // Every slot's state; the only code that frees one (it gives the ring its
   // space back). Declared after ring_ and the condition variables it uses.
   SlotLedger slots_;
@@ -324,6 +334,7 @@ class Producer {
   std::atomic<bool> quit_io_{false};
   std::mutex close_mu_;  // a second close() waits for the first
   std::thread io_;
+  Birthplace born_;
 };
 
 }  // namespace batchcast

@@ -19,8 +19,13 @@
 #include <string>
 #include <vector>
 #include <thread>
+#include <type_traits>
+
+#include <unistd.h>
 
 #include "batchcast/common/error.h"
+#include "batchcast/common/fork.h"
+#include "batchcast/common/threads.h"
 #include "batchcast/python/dlpack.h"
 #include "batchcast/python/testing.h"
 #include "batchcast/consumer/consumer.h"
@@ -209,11 +214,36 @@ py::list leaves_to_python(std::vector<ViewLeaf>& leaves) {
   return out;
 }
 
-// A core object with the report queue its callbacks feed.
+// A core object with the report queue its callbacks feed. In a forked child
+// (a DataLoader worker of the trainer, a process of its own pool) the copy of
+// the core object is the parent's: it is never destroyed there (common/fork.h),
+// closing it does nothing, and any other call says what happened.
 template <typename Core>
 struct Bound {
   std::shared_ptr<ReportQueue> reports = std::make_shared<ReportQueue>();
   std::unique_ptr<Core> core;
+  Birthplace born;
+  int64_t pid = ::getpid();
+
+  Bound() = default;
+  Bound(const Bound&) = delete;
+  Bound& operator=(const Bound&) = delete;
+  ~Bound() {
+    if (!born.here()) leave_behind(core);
+  }
+  // Whether there is a core object this process may call.
+  bool usable() const { return core && born.here(); }
+  Core& live() {
+    if (!born.here()) {
+      throw Error(std::string("this batchcast ") + kind() + " was made by process " + std::to_string(pid) +
+                  "; process " + std::to_string(::getpid()) +
+                  " is a fork of it and cannot use it (its connection, threads and memory are the parent's): "
+                  "make a new " + kind() + " in the child");
+    }
+    if (!core) throw std::runtime_error("this batchcast object is closed");
+    return *core;
+  }
+  static const char* kind() { return std::is_same_v<Core, Producer> ? "Producer" : "Consumer"; }
 };
 
 template <typename Options>
@@ -253,13 +283,13 @@ auto without_gil(Call call) -> decltype(call()) {
 // to Python (with the GIL).
 template <typename Core, typename Call>
 auto released(Bound<Core>& b, Call call) {
-  if (!b.core) throw std::runtime_error("this batchcast object is closed");
-  using Result = decltype(call(*b.core));
+  Core& core = b.live();
+  using Result = decltype(call(core));
   if constexpr (std::is_void_v<Result>) {
-    without_gil([&] { call(*b.core); });
+    without_gil([&] { call(core); });
     b.reports->flush();
   } else {
-    Result result = without_gil([&] { return call(*b.core); });
+    Result result = without_gil([&] { return call(core); });
     b.reports->flush();
     return result;
   }
@@ -275,7 +305,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("PROTOCOL_VERSION") = protocol::kVersion;
 
   // Base first: pybind11 tries the most recently registered translator first.
-  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<Error>& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<ProducerLost>(m, "ProducerLost", error.ptr());
   py::register_exception<LoaderError>(m, "LoaderError", error.ptr());
   py::register_exception<NameInUse>(m, "NameInUse", error.ptr());
@@ -309,6 +339,8 @@ PYBIND11_MODULE(_C, m) {
       .value("WARNING", Report::Level::Warning);
 
   m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
+  m.def("exit_with_process", &exit_with_process, py::arg("pid"), py::arg("code") = 1,
+        "Ends this process (_exit(code)) once process `pid` has exited (a thread waits for it)");
   m.def("cuda_device_count", &cuda::device_count, "GPUs visible to this process (0 without a driver)");
   bind_testing(m);  // batchcast._C._testing: hooks of the tests, not the API
   m.def(
@@ -358,16 +390,16 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(l->seq, l->fd, l->ring_bytes, py::cast(l->offsets), py::cast(l->bytes));
            },
            py::arg("limit"))
-      .def("lease_out", [](BoundProducer& b, uint64_t seq) { return b.core->lease_out(seq); }, py::arg("seq"))
-      .def("return_leases", [](BoundProducer& b) { return b.core->return_leases(); })
-      .def("return_lease", [](BoundProducer& b, uint64_t seq) { b.core->return_lease(seq); },
+      .def("lease_out", [](BoundProducer& b, uint64_t seq) { return b.live().lease_out(seq); }, py::arg("seq"))
+      .def("return_leases", [](BoundProducer& b) { return b.live().return_leases(); })
+      .def("return_lease", [](BoundProducer& b, uint64_t seq) { b.live().return_lease(seq); },
            py::arg("seq"))
       .def("host_ring",
            [](BoundProducer& b) -> py::object {
              // Bytes of the producer's own mapping of the memory leases are in
              // (a host ring, or a GPU ring's pinned mirror), valid while the
              // producer is open (None before the first lease).
-             auto [data, bytes] = b.core->host_memory();
+             auto [data, bytes] = b.live().host_memory();
              if (data == nullptr) return py::none();
              return python::tensor_to_python(
                  borrow(data, {static_cast<int64_t>(bytes)}, ScalarType::Byte, cpu_device()));
@@ -383,21 +415,24 @@ PYBIND11_MODULE(_C, m) {
       .def("finish", [](BoundProducer& b) { released(b, [](Producer& p) { p.finish(); }); })
       .def("stop",
            [](BoundProducer& b) {
-             if (b.core) b.core->stop();
+             if (b.usable()) b.core->stop();
            })
       .def("close",
            [](BoundProducer& b) {
-             if (!b.core) return;
+             if (!b.usable()) return;
              released(b, [](Producer& p) { p.close(); });
            })
       .def("stats",
            [](BoundProducer& b) {
-             py::dict d = to_dict(b.core->stats());
+             py::dict d = to_dict(b.live().stats());
              b.reports->flush();  // events of a producer whose own thread is busy loading
              return d;
            })
-      .def("consumer_count", [](BoundProducer& b) { return b.core->consumer_count(); })
-      .def_property_readonly("endpoint", [](BoundProducer& b) { return b.core->endpoint(); });
+      .def("note_loader_workers",
+           [](BoundProducer& b, std::vector<int64_t> pids) { b.live().note_loader_workers(std::move(pids)); },
+           py::arg("pids"), "The loader's worker processes alive now (stats()['loader_workers'], the status)")
+      .def("consumer_count", [](BoundProducer& b) { return b.live().consumer_count(); })
+      .def_property_readonly("endpoint", [](BoundProducer& b) { return b.live().endpoint(); });
 
   py::class_<BoundConsumer>(m, "Consumer")
       .def(py::init([](const py::kwargs& options) {
@@ -429,27 +464,27 @@ PYBIND11_MODULE(_C, m) {
            "producer's epoch)")
       .def("close",
            [](BoundConsumer& b) {
-             if (!b.core) return;
+             if (!b.usable()) return;
              released(b, [](Consumer& c) { c.close(); });
            })
-      .def_property_readonly("finished", [](BoundConsumer& b) { return b.core->finished(); })
-      .def_property_readonly("samples_per_epoch", [](BoundConsumer& b) { return b.core->samples_per_epoch(); })
+      .def_property_readonly("finished", [](BoundConsumer& b) { return b.live().finished(); })
+      .def_property_readonly("samples_per_epoch", [](BoundConsumer& b) { return b.live().samples_per_epoch(); })
       .def_property_readonly("own_samples_per_epoch",
-                             [](BoundConsumer& b) { return b.core->own_samples_per_epoch(); })
-      .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.core->batches_per_epoch(); })
+                             [](BoundConsumer& b) { return b.live().own_samples_per_epoch(); })
+      .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.live().batches_per_epoch(); })
       .def("set_padding",
            [](BoundConsumer& b, std::map<std::string, double> leaves, std::optional<double> all,
               int64_t multiple_of) {
-             b.core->set_padding(Padding{std::move(leaves), all, multiple_of});
+             b.live().set_padding(Padding{std::move(leaves), all, multiple_of});
            },
            py::arg("leaves"), py::arg("all") = py::none(), py::arg("multiple_of") = 1,
            "How leaves of samples of variable length are padded when one batch joins loader batches "
            "(leaves: joined keys -> pad value)")
-      .def("position", [](BoundConsumer& b) { return b.core->position(); },
+      .def("position", [](BoundConsumer& b) { return b.live().position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")
       .def("stats",
            [](BoundConsumer& b) {
-             py::dict d = to_dict(b.core->stats());
+             py::dict d = to_dict(b.live().stats());
              b.reports->flush();  // what the consumer's threads reported since the last call
              return d;
            });

@@ -100,7 +100,7 @@ class LoaderWatch:
         noted: list[int] | None = None
         while not self._stop.wait(min(1.0, self.warn_after / 4)):
             try:
-                stats = self.core.stats()
+                stats = self.core.stats(reports=False)  # (events are said on the user's threads)
                 pids = [p for p in self.workers() if alive(p)]
                 if pids != noted:
                     self.core.note_loader_workers(pids)

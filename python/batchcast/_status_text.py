@@ -85,7 +85,9 @@ def status_block(listing: dict[str, Any]) -> tuple[list[str], Any]:
         who = f"consumer pid {behind[0].get('pid')}" if behind else "the consumers"
         lines.append(f"  now: waiting {duration(since)} for {who} to free ring space")
     elif waiting == "loader":
-        lines.append(f"  now: waiting {duration(since)} for the loader's next batch")
+        workers = status.get("loader_workers") or []
+        alive = f" (its worker processes alive: {', '.join(map(str, workers))})" if workers else ""
+        lines.append(f"  now: waiting {duration(since)} for the loader's next batch{alive}")
     if status.get("stuck"):  # nothing can move: the consumers keeping batches are about to go
         lines.append(f"  stuck: {status['stuck']}")
     if not consumers:

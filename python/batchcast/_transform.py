@@ -51,7 +51,10 @@ def _at_exit() -> None:
     _exiting = True
 
 
-threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+try:
+    threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+except RuntimeError:  # imported while the interpreter exits: nothing left to stop
+    _exiting = True
 
 # torch's global generator is one per process: transforms that draw from it
 # (seeded per sample, the caller's state restored) run one at a time.

@@ -130,6 +130,14 @@ MUTANTS = {
         "one_seed_one_augmentation or with_indices",
         "test_transform.py",
     ),
+    "forked-child-releases-parents-slots": (
+        "csrc/batchcast/consumer/rebatcher.h",
+        [("    if (born_.here()) {\n      sink_->release(seq_, stream_);", "    if (true) {\n      sink_->release(seq_, stream_);")],
+        "a trainer's forked child that drops its copy of a batch gives the parent's ring slot back: the "
+        "producer overwrites a batch the parent still holds",
+        "fork",
+        "test_forks.py",
+    ),
     "join-plan-lets-drop-last-in": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("    cuts.push_back(options_.samples_per_epoch);  // what drop_last leaves out stays out\n", "")],

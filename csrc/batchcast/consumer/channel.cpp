@@ -203,7 +203,6 @@ void Channel::leave() {
 }
 
 void Channel::release(uint64_t seq, const std::optional<cuda::StreamRef>& stream) noexcept {
-  if (!born_.here()) return;  // the slot is the parent's (common/fork.h)
   MappedRing* ring = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -423,11 +423,15 @@ PYBIND11_MODULE(_C, m) {
              released(b, [](Producer& p) { p.close(); });
            })
       .def("stats",
-           [](BoundProducer& b) {
+           [](BoundProducer& b, bool reports) {
              py::dict d = to_dict(b.live().stats());
-             b.reports->flush();  // events of a producer whose own thread is busy loading
+             // Events of a producer whose own thread is busy loading; not from a
+             // watch of batchcast's own (reports=False): they are said on a
+             // thread of the user's.
+             if (reports) b.reports->flush();
              return d;
-           })
+           },
+           py::arg("reports") = true)
       .def("note_loader_workers",
            [](BoundProducer& b, std::vector<int64_t> pids) { b.live().note_loader_workers(std::move(pids)); },
            py::arg("pids"), "The loader's worker processes alive now (stats()['loader_workers'], the status)")

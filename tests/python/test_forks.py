@@ -1,0 +1,165 @@
+"""Threads meet forks: a producer's DataLoader forks its workers every epoch
+while trainers of the same process run transforms on threads; trainers fork
+(a validation loader's workers, os.fork, a pool) while their consumer is open;
+a loader that delivers nothing is reported, and its workers end with the
+producer.
+
+Before batchcast seeded a transform's samples through torch's own generators
+alone (not torch.manual_seed) and made forks wait for a sample under way, the
+first test hung in 4 runs of 4: a DataLoader worker forked while the trainer
+was inside torch.manual_seed inherited one of torch's locks held, and waited
+for it for ever in its own torch.manual_seed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import eventually
+
+from batchcast.status import list_producers
+
+BOUND = 120  # seconds: a run that takes longer hangs
+
+
+def run_script(tmp_path, code: str, timeout: float = BOUND) -> str:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"hung: still running after {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+COMMON = """
+    import os, sys, threading, uuid
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import batchcast as bc
+
+    N, EPOCHS = 384, 6
+    name = "forks-" + uuid.uuid4().hex[:8]
+    data = TensorDataset(torch.arange(N).float().view(-1, 1).repeat(1, 16), torch.arange(N))
+    # Workers are forked anew every epoch, from the producer's thread.
+    producer = bc.Producer(DataLoader(data, batch_size=32, shuffle=True, num_workers=2), name=name,
+                           epochs=EPOCHS, min_consumers=MIN)
+
+    def global_draws(sample):          # torchvision-style: torch's global generator
+        x, i = sample
+        return x + 0 * torch.rand(x.shape), i
+
+    def seeds_itself(sample):          # a transform that seeds torch itself
+        x, i = sample
+        torch.manual_seed(int(i))
+        return x + 0 * torch.rand(x.shape), i
+
+    def own_generator(sample, generator):  # on batchcast's transform threads
+        x, i = sample
+        return x + 0 * torch.rand(x.shape, generator=generator), i
+
+    def train(transform, batch_size, out):
+        consumer = bc.Consumer(name, batch_size=batch_size, transform=transform, seed=1, timeout=60)
+        for _ in range(EPOCHS):
+            seen = []
+            for x, i in consumer:
+                assert torch.equal(x[:, 0], i.float()), "wrong values"
+                seen += i.tolist()
+            assert sorted(seen) == list(range(N)), "not every sample once"
+        consumer.close()
+        out.append(batch_size)
+"""
+
+
+def test_a_notebook_trainer_transforms_while_the_producer_thread_forks_workers(tmp_path, runtime_dir):
+    """The notebook shape: one cell starts a producer (a thread of the
+    kernel), the next trains in the main thread with a torchvision-style
+    transform (no generator parameter)."""
+    out = run_script(tmp_path, COMMON.replace("MIN", "1") + """
+    producer.start()
+    done = []
+    train(global_draws, 24, done)
+    producer.join()
+    print("trained", done)
+    """)
+    assert "trained [24]" in out
+
+
+def test_trainers_in_threads_of_the_producer_process_with_transforms_of_every_kind(tmp_path, runtime_dir):
+    out = run_script(tmp_path, COMMON.replace("MIN", "3") + """
+    producer.start()
+    done = []
+    threads = [threading.Thread(target=train, args=(t, b, done))
+               for t, b in ((global_draws, 24), (seeds_itself, 40), (own_generator, 17))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    producer.join()
+    print("trained", sorted(done))
+    """)
+    assert "trained [17, 24, 40]" in out
+
+
+@pytest.mark.parametrize("how", ["validation", "persistent", "fork", "pool"])
+def test_a_trial_that_forks_leaves_its_stream_exact(procs, name, tmp_path, runtime_dir, how):
+    """A trainer whose consumer is open (and holds views of the ring) starts
+    a validation DataLoader's workers (fork; persistent or not), forks a child
+    that exits the normal way after trying the parent's consumer (a clear
+    error), or maps over a fork pool: the children touch nothing of the
+    parent's connection, ring or threads."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    producer = procs.start("serve", name, "--gate", gate, "--epochs", 3, script="endings.py")
+    forker = procs.start("forker", name, "--how", how, "--epochs", 3, out="forker.json", script="endings.py")
+    procs.wait_all(BOUND)
+    result = procs.result("forker.json")
+    assert result["epochs"] == [list(range(600))] * 3
+    if how == "fork":
+        assert result["children"] == [0, 0, 0], result  # each child: the clear error, exit 0
+    assert "Fatal Python error" not in procs.err(forker) + procs.err(producer)
+
+
+def test_a_loader_that_delivers_nothing_is_reported_and_its_workers_end_with_the_producer(
+        procs, name, tmp_path, runtime_dir):
+    """A worker stuck inside the dataset (a file system that never answers):
+    the producer warns, naming the wait and its workers alive, and `batchcast
+    status` says the same; once the producer's process is killed, its workers
+    end within seconds (DataLoader's own watchdog never looks while a worker
+    is inside __getitem__) and the trainer gets ProducerLost."""
+    producer = procs.start("serve", name, "--gate", tmp_path / "never", "--gate-at", 100,
+                           script="endings.py", env={"BATCHCAST_LOADER_WARN_SECONDS": "0.5"})
+    trainer = procs.start("steady", name, out="steady.json", script="endings.py")
+    warned = eventually(lambda: "waited" in procs.err(producer) and procs.err(producer), "the warning",
+                        60, watch=[producer])
+    status = eventually(lambda: next((p["status"] for p in list_producers(name) if p["status"]
+                                      and p["status"]["loader_workers"]), None), "the status", 30)
+    workers = status["loader_workers"]
+    assert len(workers) == 2 and status["waiting_for"] == "loader", status
+    assert f"its worker processes alive: {', '.join(map(str, workers))}" in warned, warned
+    assert f"producer '{name}' has waited" in warned and "for its loader's next batch" in warned
+    text = subprocess.run([sys.executable, "-m", "batchcast", "status", name], capture_output=True,
+                          text=True, timeout=60).stdout
+    assert "for the loader's next batch (its worker processes alive: " in text, text
+    os.kill(producer.pid, signal.SIGKILL)
+    producer.wait()
+    eventually(lambda: not any(os.path.exists(f"/proc/{pid}") and not zombie(pid) for pid in workers),
+               "the workers ended with their producer", 10)
+    trainer.wait(60)
+    assert trainer.returncode != 0 and "ProducerLost" in procs.err(trainer), procs.err(trainer)
+    procs.procs.clear()
+
+
+def zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")

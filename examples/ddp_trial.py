@@ -17,7 +17,6 @@ rank that ran out. Prints what each trial saw and checks it.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import socket
@@ -63,13 +62,19 @@ def ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
             batches += 1
         epochs.append({"seen": seen, "batches": batches, "loss": loss_sum / max(batches, 1)})
     loader.close()
-    # DDP's hooks make reference cycles: without this, the model (and the
-    # gloo work it holds) would be freed by the interpreter's last collection
-    # at exit, where gloo's threads can no longer take the GIL (an abort).
-    del net, optimizer
-    gc.collect()
     dist.destroy_process_group()
     Path(out.format(rank)).write_text(json.dumps({"rank": rank, "epochs": epochs}))
+    # torch (2.13, with CPython 3.11) can abort a DDP process at exit: the
+    # process group outlives destroy_process_group, and a gloo worker thread
+    # that lets go of the last all-reduce late frees a Python object autograd
+    # put in it (a contextvars.Context) while the interpreter finalizes; it
+    # takes the GIL, CPython ends the thread (pthread_exit) inside a noexcept
+    # destructor, and the process dies with "terminate called without an
+    # active exception". Everything is done and written: leave without the
+    # interpreter's finalization (tests/python/exit_race forces that race).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def single_trial(args: argparse.Namespace, out: str) -> None:

@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include <zmq.hpp>
+
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/consumer.h"
 #include "batchcast/producer/producer.h"
@@ -94,6 +96,43 @@ TEST(EndToEnd, TwoConsumersGetEverySampleOnceOverTwoEpochs) {
   std::iota(want.begin(), want.end(), 0);
   EXPECT_EQ(a, (std::vector<std::vector<int64_t>>{want, want}));
   EXPECT_EQ(b, (std::vector<std::vector<int64_t>>{want, want}));
+}
+
+// A close() ended by an interrupt (Ctrl-C) while it waits for a consumer to
+// map the ring still lets everything go: before, the I/O thread was left
+// joinable and the producer's destructor (at the interpreter's exit) was
+// std::terminate — "terminate called without an active exception".
+TEST(EndToEnd, ACloseInterruptedWhileAConsumerHasNotMappedTheRingLetsEverythingGo) {
+  PrivateDir dir;
+  ProducerOptions o;
+  o.name = "interrupted";
+  o.runtime_dir = dir.path;
+  o.linger = 60;
+  bool closing = false;
+  o.interrupt = [&closing] {
+    if (closing) throw std::runtime_error("KeyboardInterrupt");
+  };
+  auto producer = std::make_unique<Producer>(o);
+  // A consumer that says Hello and never maps the ring (it never will).
+  zmq::context_t context(1);
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(producer->endpoint());
+  protocol::Hello hello;
+  hello.pid = ::getpid();
+  const std::string bytes = protocol::encode(hello);
+  dealer.send(zmq::buffer(bytes));
+  ASSERT_TRUE(producer->wait_for_consumers(1, 30.0));
+  producer->begin_epoch(0);
+  producer->publish(ids(0, 4));
+  producer->end_epoch();
+  producer->finish();
+  closing = true;
+  EXPECT_THROW(producer->close(), std::runtime_error);
+  producer.reset();  // the I/O thread joined, the ring, socket and name let go
+  o.interrupt = nullptr;
+  Producer again(o);  // the name is free
+  again.close();
 }
 
 TEST(EndToEnd, NoProducerIsAClearErrorAfterTheTimeout) {

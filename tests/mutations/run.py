@@ -163,6 +163,16 @@ MUTANTS = {
         "Rebatcher.*",
         "cpp:test_rebatcher",
     ),
+    "close-interrupted-leaves-its-io-thread": (
+        "csrc/batchcast/producer/producer.cpp",
+        [("    ~LetGo() { p->let_go(); }", "    ~LetGo() { (void)p; }"),
+         ("  if (interrupted) std::rethrow_exception(interrupted);  // (LetGo lets go first)\n",
+          "  if (interrupted) std::rethrow_exception(interrupted);\n  let_go();\n")],
+        "a close() ended by Ctrl-C leaves the I/O thread joinable: the producer's destructor (at the "
+        "interpreter's exit) is std::terminate",
+        "EndToEnd.ACloseInterrupted*",
+        "cpp:test_end_to_end",
+    ),
     "join-plan-keeps-who-left": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }",

@@ -97,7 +97,12 @@ Producer::~Producer() {
     leave_behind(signals_);
     return;
   }
-  close();
+  // Not interruptible: a destructor must not raise (the interrupt hook would
+  // raise KeyboardInterrupt), and whatever it waits for is bounded by linger.
+  try {
+    close(/*interruptible=*/false);
+  } catch (...) {  // (close's own errors: nobody is left to raise them to)
+  }
 }
 
 void Producer::tell(const Report& report) const {
@@ -167,7 +172,9 @@ Producer::Phase Producer::phase() const {
   return phase_;
 }
 
-void Producer::close() {
+void Producer::close() { close(/*interruptible=*/true); }
+
+void Producer::close(bool interruptible) {
   if (!born_.here()) return;  // a forked child's copy: serving is the parent's (common/fork.h)
   std::lock_guard<std::mutex> closing(close_mu_);
   // The stream's end went out before close(): consumers are owed what they were sent.
@@ -183,21 +190,35 @@ void Producer::close() {
     wake_all();  // every blocked call ends
     signals_->drained.wait(lock, [&] { return publishing_ == 0; });
   }
+  // From here on the producer is Closed: whatever ends the waits below (an
+  // exception, or the thread itself ended at the interpreter's exit), the I/O
+  // thread is joined and the ring, the socket and the name are let go. (A
+  // joinable std::thread left for the destructor would be std::terminate.)
+  struct LetGo {
+    Producer* p;
+    ~LetGo() { p->let_go(); }
+  } guard{this};
   std::exception_ptr interrupted;
   if (ring_->unmap_before_free()) {
     await_unmapped();
   } else if (served) {
-    interrupted = await_mapped();
+    interrupted = await_mapped(interruptible);
   }
+  if (interrupted) std::rethrow_exception(interrupted);  // (LetGo lets go first)
+}
+
+void Producer::let_go() noexcept {
   quit_io_ = true;
   wakeup_.notify();
   if (io_.joinable()) io_.join();
-  ring_->drain();
+  try {
+    if (ring_) ring_->drain();
+  } catch (...) {  // (a CUDA error while the ring is freed: nothing is left to tell)
+  }
   ring_.reset();
   router_.close();
   context_.close();
   lock_.reset();  // the name is free again
-  if (interrupted) std::rethrow_exception(interrupted);
 }
 
 // Consumers reopen a host ring through /proc/<this pid>/fd, so a producer that
@@ -207,7 +228,7 @@ void Producer::close() {
 // the rest would lose everything. Normally no wait: a consumer maps the ring
 // within 0.1 s of being told of it. An interrupt (Ctrl-C) ends the wait; it is
 // raised once the producer is closed.
-std::exception_ptr Producer::await_mapped() {
+std::exception_ptr Producer::await_mapped(bool interruptible) {
   {
     // The membership learns whom the ring was sent to as the I/O thread hands
     // it the stream (the ring, the batches, the end): first let it catch up.
@@ -227,7 +248,7 @@ std::exception_ptr Producer::await_mapped() {
                " never mapped it; they cannot read the batches they were sent. Keep consumers iterating (or "
                "closed) until the producer ends, or raise linger";
       },
-      /*interruptible=*/true);
+      interruptible);
 }
 
 // Freeing GPU memory that another process still maps is undefined behaviour

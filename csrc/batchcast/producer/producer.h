@@ -264,7 +264,9 @@ class Producer {
   void end_stream(Phase next);    // under mu_: queues Finished, moves to `next`
   void wake_all();                // every blocked call looks at the phase again
   void await_unmapped();
-  std::exception_ptr await_mapped();
+  std::exception_ptr await_mapped(bool interruptible);
+  void close(bool interruptible);
+  void let_go() noexcept;  // joins the I/O thread, frees the ring, the socket and the name (again: nothing)
   std::exception_ptr await_consumers(const std::function<std::vector<int64_t>()>& pending,
                                      Clock::duration notice_after,
                                      const std::function<std::string(const std::string&)>& notice,

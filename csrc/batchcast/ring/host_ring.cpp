@@ -56,6 +56,7 @@ class HostRing final : public Ring {
       for (const auto& [offset, bytes] : ranges) region_->fault_in(offset, bytes);
       return;
     }
+    if (prefault_.joinable()) prefault_.join();  // (a ring prepared again: one thread at a time)
     prefault_ = start_background_thread("batchcast-fault", [region = &*region_, ranges] {
       for (const auto& [offset, bytes] : ranges) region->populate(offset, bytes);
     });

@@ -50,6 +50,7 @@ def ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
     net = nn.parallel.DistributedDataParallel(model())
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     epochs = []
+    images = labels = index = None
     for _ in range(args.epochs):
         seen, batches, loss_sum = [], 0, 0.0
         for images, labels, index in loader:
@@ -61,7 +62,10 @@ def ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
             seen += index.tolist()
             batches += 1
         epochs.append({"seen": seen, "batches": batches, "loss": loss_sum / max(batches, 1)})
+    # Closed, and dropped with its last batch: its connection closes, and the
+    # producer hears the goodbye before this process leaves (below).
     loader.close()
+    del loader, images, labels, index
     dist.destroy_process_group()
     Path(out.format(rank)).write_text(json.dumps({"rank": rank, "epochs": epochs}))
     # torch (2.13, with CPython 3.11) can abort a DDP process at exit: the

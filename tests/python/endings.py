@@ -170,6 +170,7 @@ def end_ddp(args: argparse.Namespace) -> None:
         net(x).sum().backward()  # all-reduces with the other rank
         if k + 1 == args.batches:
             break
+    del x, i  # (the consumer's connection closes with its last batch: its goodbye is sent then)
     say("ending")
     if args.how == "ddp-group-first":
         del net
@@ -183,7 +184,10 @@ def end_ddp(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
     # As examples/ddp_trial.py: a rank leaves without the interpreter's
     # finalization, where a race of torch's gloo workers can abort it (see
-    # exit_race/shim.cpp); batchcast's part is done by then.
+    # exit_race/shim.cpp); batchcast's part is done by then (the consumer,
+    # closed and dropped with its batches, has said goodbye).
+    del consumer
+    gc.collect()
     sys.stdout.flush()
     os._exit(0)
 

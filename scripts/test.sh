@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs every test: the C++ core (GoogleTest via
-# CTest), fuzz runs of the decoder and of a mailbox queue's reader, the
+# CTest, then again under ASan+UBSan and TSan, with Python tests on the ASan
+# build), fuzz runs of the decoder and of a mailbox queue's reader, the
 # Python API, command line and examples with real processes (pytest, on the
 # portable wheel built and checked first; the GPU path on a simulated device),
 # the mutants (GPU path, slot ledger, join plan, re-padding, the strided copy), the package's types, the portable pip wheel
@@ -55,6 +56,8 @@ rm -f "$pin"
 
 step "C++ tests"
 ctest --test-dir build/py --output-on-failure
+step "Sanitizers: the C++ tests under ASan+UBSan and under TSan; producers and consumers in real processes on the ASan build"
+bash scripts/sanitizers.sh all
 step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)"
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 step "Wheel: portable (built in Debian 11: glibc 2.31, GCC 10), pip alone, the older C++ runtime"

@@ -452,7 +452,8 @@ def test_a_writable_consumer_modifies_private_copies_and_nobody_else_sees_it(pro
 
 def test_a_name_is_free_as_soon_as_its_producer_dies_even_with_loader_workers_alive(procs, name):
     """DataLoader workers are forked children: they must not keep the name's
-    lock (they notice their parent's death only seconds later)."""
+    lock. (They end with their producer now, within a second: stopped here,
+    they outlive it for as long as the test needs, then end once let go.)"""
     import batchcast as bc
 
     p = procs.start("produce", name, "--samples", "100000", "--loader-batch", "10", "--workers", "2",
@@ -462,10 +463,15 @@ def test_a_name_is_free_as_soon_as_its_producer_dies_even_with_loader_workers_al
     eventually((procs.tmp / "ready").exists, "the consumer's first batch", 60, watch=(p, c))
     workers = eventually(lambda: [int(d) for d in os.listdir("/proc") if d.isdigit() and _parent(int(d)) == p.pid],
                          "the producer's loader workers")
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
     p.kill()
     p.wait()
     with bc.Producer([torch.zeros(2)], name, epochs=1):  # not NameInUse
         assert any(_alive(pid) for pid in workers), "the workers were already gone: nothing tested"
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
+    eventually(lambda: not any(_alive(pid) for pid in workers), "the workers ended with their producer", 10)
     c.wait(30)
     assert procs.result("c.json")["error"].startswith("ProducerLost")
 

@@ -122,15 +122,24 @@ def end(args: argparse.Namespace) -> None:
         raise AssertionError("the gate opened before the signal came")
     if how == "daemon-thread":
         took = threading.Event()
+        kept: list[Any] = []
 
+        # Batchcast's code only on the daemon thread, and every batch kept:
+        # a tensor freed there (or any torch op) while the interpreter exits
+        # can abort the process, torch's doing (its GIL release in code that
+        # cannot unwind: see docs/limitations.md). Holding its slots, the
+        # thread ends up waiting in next() when the main thread returns.
         def loop() -> None:
-            for k, (x, i) in enumerate(consumer):
-                check(x, i)
-                if k + 1 == args.batches:
-                    took.set()
+            for _ in range(args.epochs):
+                for batch in consumer:
+                    kept.append(batch)
+                    if len(kept) == args.batches:
+                        took.set()
 
         threading.Thread(target=loop, daemon=True).start()
         took.wait()
+        for x, i in kept[:args.batches]:
+            check(x, i)
         say("ending")
         return  # the interpreter exits with the daemon thread inside next() or its loop
     batches = 0
@@ -162,7 +171,7 @@ def end_ddp(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=args.rank, world_size=2)
-    consumer = bc.Consumer(args.name, batch_size=args.batch_size, group="ddp", timeout=60)
+    consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=60, group="ddp")
     say("joined")
     net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(WIDTH, 2))
     for k, (x, i) in enumerate(consumer):

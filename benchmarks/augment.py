@@ -31,7 +31,7 @@ Systems, all with the same K, the same samples per trial and batch size:
                        parameters); every trial gets the same augmented batches
   batchcast-per-trial  the producer's DataLoader decodes once (uint8 256x256);
                        each trial's bc.Consumer(name, batch_size=B,
-                       transform=augment, seed=..., transform_threads=T)
+                       transform=bc.Augment(augment, seed=..., threads=T))
                        augments every sample itself with its own parameters
                        (T = --threads; default max(1, CPUs // K)). Skipped,
                        saying so, where bc.Consumer has no transform= yet.
@@ -215,14 +215,20 @@ def trial_main(system: str, index: int, cfg: dict, name: str, ready, go, leave, 
 
             options: dict[str, Any] = {"timeout": cfg["timeout"]}
             if system == "batchcast-per-trial":
-                have = consumer_options()
-                options["transform"] = ops.make_augment(strength_of(index))
-                if "seed" in have:
-                    options["seed"] = seed_of(index)
-                if "transform_threads" in have:
-                    options["transform_threads"] = cfg["threads"]
-                out["consumer_options"] = {k: (v if k != "transform" else "augment")
-                                           for k, v in options.items()}
+                augment = ops.make_augment(strength_of(index))
+                if hasattr(bc, "Augment"):
+                    options["transform"] = bc.Augment(augment, seed=seed_of(index), threads=cfg["threads"])
+                    out["consumer_options"] = {"timeout": cfg["timeout"], "transform": "augment",
+                                               "seed": seed_of(index), "threads": cfg["threads"]}
+                else:  # a batchcast from before its grouped options
+                    have = consumer_options()
+                    options["transform"] = augment
+                    if "seed" in have:
+                        options["seed"] = seed_of(index)
+                    if "transform_threads" in have:
+                        options["transform_threads"] = cfg["threads"]
+                    out["consumer_options"] = {k: (v if k != "transform" else "augment")
+                                               for k, v in options.items()}
             consumer = bc.Consumer(name, batch_size=cfg["batch_size"], **options)
         ready.put((who, os.getpid()))
         set_up = True

@@ -1,5 +1,5 @@
 """What a private copy of each batch costs a trainer, beside a zero-copy view:
-`Consumer(..., writable=True)` on a host ring, and a GPU ring's default
+`Consumer(..., device=bc.Placement(writable=True))` on a host ring, and a GPU ring's default
 private copy against `shared_gpu_views=True` (here on the simulated device,
 whose memory is host memory: a memcpy stands for the device-to-device copy;
 on a GPU, `benchmarks/gpu.py` measures it). The bound beside them: one
@@ -45,8 +45,12 @@ def role_serve(args) -> None:
 def role_take(args) -> None:
     import batchcast as bc
 
-    consumer = bc.Consumer(args.name, timeout=60, writable=args.how == "copy" and args.device == "cpu",
-                           shared_gpu_views=args.how == "view" and args.device != "cpu")
+    consumer = bc.Consumer(
+        args.name,
+        timeout=60,
+        device=bc.Placement(writable=args.how == "copy" and args.device == "cpu",
+                            shared_gpu_views=args.how == "view" and args.device != "cpu"),
+    )
     for _ in range(WARM):
         for batch in consumer:
             del batch

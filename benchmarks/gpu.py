@@ -109,8 +109,12 @@ def role_train(args) -> None:
         import batchcast as bc
 
         # "shared": private copies on the GPU (the default); "views": zero-copy views.
-        batches = bc.Consumer(args.name, batch_size=BATCH, timeout=120,
-                              shared_gpu_views=args.mode == "views")
+        batches = bc.Consumer(
+            args.name,
+            batch_size=BATCH,
+            timeout=120,
+            device=bc.Placement(shared_gpu_views=args.mode == "views"),
+        )
     elif args.mode == "own":
         batches = make_loader(args, args.samples)
     else:  # resident: a few distinct batches, generated on the device up front; timed longer
@@ -171,7 +175,12 @@ def role_overhead(args) -> None:
     """Consumer.__next__ with every batch already in the ring and announced."""
     import batchcast as bc
 
-    consumer = bc.Consumer(args.name, batch_size=BATCH, timeout=60, shared_gpu_views=args.mode == "views")
+    consumer = bc.Consumer(
+        args.name,
+        batch_size=BATCH,
+        timeout=60,
+        device=bc.Placement(shared_gpu_views=args.mode == "views"),
+    )
     deadline = time.monotonic() + 60  # the producer fills the ring, then waits (lockstep)
     while consumer.stats()["loader_batches"] < args.slots - 2 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -131,7 +131,7 @@ def train(mode: str, spec: TrialSpec, cfg: Config, name: str) -> dict[str, Any]:
     if mode == "dataloader":
         loader: Any = make_loader(cfg, spec.batch_size, loads)
     else:
-        loader = bc.Consumer(name, batch_size=spec.batch_size, late_join=mode, timeout=cfg.timeout)
+        loader = bc.Consumer(name, batch_size=spec.batch_size, timeout=cfg.timeout, join=mode)
     t_connected = time.monotonic()
     t_first: float | None = None
     buffer: torch.Tensor | None = None
@@ -386,8 +386,7 @@ def plan_trials(args: argparse.Namespace) -> list[TrialSpec]:
 def now_refused() -> str | None:
     """Why the installed batchcast refuses late_join="now" (None: it accepts it)."""
     try:  # no producer of this name: an accepted option ends as ProducerLost after the timeout
-        bc.Consumer(f"stagger-probe-{os.getpid()}", batch_size=1, late_join="now",
-                    timeout=0.1).close()
+        bc.Consumer(f"stagger-probe-{os.getpid()}", batch_size=1, timeout=0.1, join="now").close()
     except ValueError as exc:
         return f"the installed batchcast {bc.__version__} refuses it (ValueError: {exc})"
     except Exception:

@@ -41,7 +41,7 @@ bc.Producer(Slow(), name=sys.argv[1], runtime_dir=sys.argv[2], epochs=1).run()
 
 CONSUMER = r"""
 import sys, batchcast as bc
-c = bc.Consumer(sys.argv[1], runtime_dir=sys.argv[2], timeout=60)
+c = bc.Consumer(sys.argv[1], join=bc.Join(runtime_dir=sys.argv[2]), timeout=60)
 it = iter(c)
 open(sys.argv[3], "w").write("joined")
 next(it)  # waits for the loader

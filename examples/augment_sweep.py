@@ -11,7 +11,7 @@ crop, a flip and a colour jitter of the trial's own strength, drawn per
 sample from the generator batchcast seeds for it (the trial's seed, its
 epoch, the sample's dataset index). Each trial trains a small CNN and
 reports its loss, and checks what it received: every image once per epoch
-(`with_indices=True` names them).
+(`loader.with_indices()` names them).
 """
 
 from __future__ import annotations
@@ -111,13 +111,17 @@ def trial(args: argparse.Namespace) -> None:
         torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, stride=2),
         torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loader = bc.Consumer(args.data, batch_size=args.batch_size, with_indices=True, seed=args.seed,
-                         transform=make_augment(args.strength, args.crop), transform_threads=2)
+    loader = bc.Consumer(
+        args.data,
+        batch_size=args.batch_size,
+        transform=bc.Augment(make_augment(args.strength, args.crop), seed=args.seed, threads=2),
+    )
     losses, exactly_once = [], True
     for epoch in range(args.epochs):
         seen: list[int] = []
         total = 0.0
-        for (images, labels), indices in loader:  # was: for images, labels in DataLoader(...)
+        # was: for images, labels in DataLoader(...); with each sample's dataset index beside
+        for (images, labels), indices in loader.with_indices():
             assert images.shape[1:] == (3, args.crop, args.crop) and images.dtype == torch.float32
             loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad()

@@ -29,6 +29,8 @@ $PY -m pip install -q "scikit-build-core>=1.0" ninja pytest hypothesis numpy pyz
 
 echo "== building batchcast against torch $($PY -c 'import torch; print(torch.__version__)')"
 # --no-build-isolation: build against the torch installed here, never a downloaded one.
+# BATCHCAST_WERROR=ON (the test command sets it): a warning in batchcast's own
+# code fails the build.
 $PY -m pip install -q --no-build-isolation \
   -C build-dir=build/py -C cmake.define.BATCHCAST_BUILD_TESTS=ON \
-  -C cmake.define.BATCHCAST_BUILD_EXAMPLES=ON .
+  -C cmake.define.BATCHCAST_BUILD_EXAMPLES=ON -C cmake.define.BATCHCAST_WERROR="${BATCHCAST_WERROR:-OFF}" .

@@ -32,7 +32,8 @@ finish() {
 }
 trap finish EXIT
 
-bash scripts/setup.sh
+# batchcast's own code builds without a warning (-Wall -Wextra) or not at all.
+BATCHCAST_WERROR=${BATCHCAST_WERROR:-ON} bash scripts/setup.sh
 PY=${PYTHON:-python3}
 
 step "Test tools (clang for the fuzzers; the examples' packages)"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 # Cheap (no torch): warnings, and what `batchcast status` and `--help` need.
 from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning, ResumeWarning
+from .options import Augment, Group, Join, Pad, Placement
 
 if TYPE_CHECKING:
     from . import ray
@@ -91,18 +92,23 @@ def cuda_available() -> bool:
 
 
 __all__ = [
+    "Augment",
     "BatchcastWarning",
     "Consumer",
     "CudaError",
     "EpochsExhausted",
     "Error",
     "Evicted",
+    "Group",
     "GroupError",
+    "Join",
     "KeptBatchesWarning",
     "LingerWarning",
     "LoaderError",
     "NameInUse",
     "PROTOCOL_VERSION",
+    "Pad",
+    "Placement",
     "Producer",
     "ProducerLost",
     "RebatchError",

@@ -7,7 +7,7 @@ the order it asked for them (``in_order``, the default). The batch sampler
 is wrapped to note each list of indices as the loader asks for it; each
 batch the loader yields is paired with the oldest list not yet paired.
 Consumers then know every sample by its dataset index (a consumer's
-``transform`` seeds each sample's randomness from it; ``with_indices=True``
+``transform`` seeds each sample's randomness from it; ``Consumer.with_indices()``
 hands the indices out). Elsewhere a sample is known by its position in the
 producer's epoch.
 """

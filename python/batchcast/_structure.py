@@ -5,6 +5,22 @@ A leaf is a tensor whose dim 0 is the batch (shared through the ring) or a
 per-sample list of plain values such as file names (sent with the
 announcement). Everything else in the structure (containers, scalars) is
 described by a small JSON layout; nothing is pickled.
+
+The layout: one node, as JSON, for the batch; a node is one of
+
+    ["T", k]                             leaf k: a tensor, the batch its dim 0
+    ["S", k, is_tuple]                   leaf k: a per-sample list (a tuple if
+                                         is_tuple), of str (ListKind.TEXT) or
+                                         of JSON texts (ListKind.JSON)
+    ["v", value]                         a plain value, the whole batch's
+    ["z", value, dtype]                  a 0-dim tensor ("float32", ...)
+    ["d", [key, ...], [node, ...]]       a dict (str or int keys), in order
+    ["t", [node, ...]], ["l", [node, ...]]   a tuple, a list
+    ["n", module, qualname, [field, ...], [node, ...]]   a namedtuple
+
+`_visit` writes it; `_build` is its one decoder here (a batch, or one sample
+of it for a transform); csrc/batchcast/consumer/layout.cpp reads the same
+schema in C++ (leaf paths and keys for messages and padding).
 """
 
 from __future__ import annotations
@@ -12,7 +28,7 @@ from __future__ import annotations
 import collections
 import importlib
 import json
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 
@@ -202,17 +218,25 @@ def tree_of(layout: str) -> list[Any]:
 
 
 def unflatten(layout: str, leaves: list[Leaf]) -> Any:
-    return _build(tree_of(layout), leaves)
+    return _build(tree_of(layout), leaves, None)
 
 
-def _build(node: list[Any], leaves: list[Leaf]) -> Any:
+def sample_of(tree: list[Any], leaves: Sequence[Any], i: int) -> Any:
+    """Sample i of a batch laid out as `tree`: each tensor indexed at i, each
+    per-sample list's item i, the rest as the batch has it."""
+    return _build(tree, leaves, i)
+
+
+def _build(node: list[Any], leaves: Sequence[Any], i: int | None) -> Any:
     # Module level on purpose: a recursive closure is a reference cycle that would
     # keep each batch's tensors, and so their ring slots, alive until gc runs.
     tag = node[0]
     if tag == "T":
-        return leaves[node[1]]
+        return leaves[node[1]] if i is None else leaves[node[1]][i]
     if tag == "S":
         kind, values = leaves[node[1]]
+        if i is not None:
+            return values[i] if kind == TEXT else json.loads(values[i])
         items = values if kind == TEXT else [json.loads(v) for v in values]
         return tuple(items) if node[2] else items
     if tag == "v":
@@ -220,11 +244,11 @@ def _build(node: list[Any], leaves: list[Leaf]) -> Any:
     if tag == "z":
         return torch.tensor(node[1], dtype=getattr(torch, node[2]))
     if tag == "d":
-        return dict(zip(node[1], (_build(c, leaves) for c in node[2])))
+        return dict(zip(node[1], (_build(c, leaves, i) for c in node[2])))
     if tag == "t":
-        return tuple(_build(c, leaves) for c in node[1])
+        return tuple(_build(c, leaves, i) for c in node[1])
     if tag == "l":
-        return [_build(c, leaves) for c in node[1]]
+        return [_build(c, leaves, i) for c in node[1]]
     if tag == "n":
-        return _namedtuple_class(node[1], node[2], node[3])(*(_build(c, leaves) for c in node[4]))
+        return _namedtuple_class(node[1], node[2], node[3])(*(_build(c, leaves, i) for c in node[4]))
     raise ValueError(f"unknown layout node {tag!r}")

@@ -26,17 +26,16 @@ from __future__ import annotations
 import concurrent.futures as futures
 import concurrent.futures.thread  # noqa: F401  (its exit hook is registered before ours)
 import contextlib
-import inspect
-import json
 import os
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 
 from . import _forks
 from ._core import _C
-from ._structure import TEXT
+from ._structure import sample_of
+from .options import takes_generator
 
 _MASK = (1 << 64) - 1
 
@@ -113,16 +112,6 @@ class TransformError(_C.Error):
         self.epoch = epoch
 
 
-def takes_generator(fn: Callable[..., Any]) -> bool:
-    """Whether fn has a parameter named ``generator`` (keyword or positional)."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-    p = parameters.get("generator")
-    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-
-
 def default_threads() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -132,31 +121,6 @@ def default_threads() -> int:
 
 
 # ---- one sample in, one sample out -------------------------------------------
-
-def _sample(node: list[Any], leaves: Sequence[Any], i: int) -> Any:
-    """Sample i of a batch laid out as `node` (see _structure.unflatten)."""
-    tag = node[0]
-    if tag == "T":
-        return leaves[node[1]][i]
-    if tag == "S":
-        kind, values = leaves[node[1]]
-        return values[i] if kind == TEXT else json.loads(values[i])
-    if tag == "v":
-        return node[1]
-    if tag == "z":
-        return torch.tensor(node[1], dtype=getattr(torch, node[2]))
-    if tag == "d":
-        return dict(zip(node[1], (_sample(c, leaves, i) for c in node[2])))
-    if tag == "t":
-        return tuple(_sample(c, leaves, i) for c in node[1])
-    if tag == "l":
-        return [_sample(c, leaves, i) for c in node[1]]
-    if tag == "n":
-        from ._structure import _namedtuple_class
-
-        return _namedtuple_class(node[1], node[2], node[3])(*(_sample(c, leaves, i) for c in node[4]))
-    raise ValueError(f"unknown layout node {tag!r}")
-
 
 def _shape_of(result: Any) -> Any:
     """What a transformed sample is made of: its containers, and for each
@@ -327,7 +291,7 @@ class Pending:
                 return
             try:
                 with _forks.section:  # a fork of this process waits for the sample (_forks)
-                    sample = _sample(layout, self.leaves, i)
+                    sample = sample_of(layout, self.leaves, i)
                     seed = sample_seed(work.seed, self.epoch, self.identities[i])
                     if work.with_generator:
                         generator = torch.Generator()

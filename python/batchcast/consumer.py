@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 from ._core import _C
 from ._device import parse_device
 from ._structure import tree_of, unflatten
-from ._transform import Pending, Transform, default_threads, takes_generator
+from ._transform import Pending, Transform, default_threads
+from .options import Augment, Group, Join, Pad, Placement, takes_generator
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -46,72 +47,6 @@ def _name_the_line_that_writes() -> None:
             continue
 
 
-def _group_of(group: str | None, rank: int | None, world_size: int | None,
-              batch_size: int | None) -> tuple[str | None, int | None, int | None]:
-    """The group, rank and world size of a consumer (rank and world size from
-    torch.distributed when it is initialized and they are not given)."""
-    if group is None:
-        if rank is not None or world_size is not None:
-            raise ValueError("rank and world_size need group= (the name the ranks share)")
-        return None, None, None
-    if not isinstance(group, str) or not group:
-        raise ValueError(f"group must be a non-empty str, not {group!r}")
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError(f"group={group!r} needs rank= and world_size= (or an initialized "
-                             "torch.distributed process group to take them from)")
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    for label, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{label} must be an int, not {value!r}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), not {rank}")
-    if batch_size is None:
-        raise ValueError("a consumer group needs batch_size= (each rank's batch size)")
-    return group, rank, world_size
-
-
-def _padding_of(pad: Any, multiple_of: Any, batch_size: int | None
-                ) -> tuple[dict[str, float], float | None, int] | None:
-    """The core's padding (leaves by their keys joined, a value for all, the
-    multiple), from Consumer's ``pad`` and ``pad_to_multiple_of``."""
-    if pad is None:
-        if multiple_of is not None:
-            raise ValueError("pad_to_multiple_of needs pad= (the value padded positions get)")
-        return None
-    if batch_size is None:
-        raise ValueError(
-            "pad= re-pads samples that one batch of this consumer joins from several loader batches; "
-            "without batch_size= the loader's batches arrive as they are, padded as the loader made "
-            "them: give a batch_size, or leave pad out")
-    if multiple_of is None:
-        multiple_of = 1
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise ValueError(f"pad_to_multiple_of must be a positive int, not {multiple_of!r}")
-
-    def number(value: Any, what: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{what} must be a number (the value padded positions get), not {value!r}")
-        return float(value)
-
-    if not isinstance(pad, Mapping):
-        return {}, number(pad, "pad"), multiple_of
-    leaves: dict[str, float] = {}
-    for key, value in pad.items():
-        keys = key if isinstance(key, tuple) else (key,)
-        if not keys or any(isinstance(k, bool) or not isinstance(k, (str, int)) for k in keys):
-            raise TypeError(
-                f"pad's keys name leaves of the batch: a key of its dict (or a position in its tuple), "
-                f"or a tuple of those for a leaf deeper inside, not {key!r}")
-        leaves["\x1f".join(str(k) for k in keys)] = number(value, f"pad[{key!r}]")
-    if not leaves:
-        raise ValueError("pad={} declares no leaf: name the leaves to pad, or pass one value for all")
-    return leaves, None, multiple_of
-
-
 class _Fetched(NamedTuple):
     """A batch taken from the core: its samples' identities, where the
     consumer then stands (for state_dict), and the batch, or its transform
@@ -123,36 +58,18 @@ class _Fetched(NamedTuple):
     pending: Pending | None
 
 
-def _transform_of(transform: Any, seed: Any, threads: Any, name: str) -> Transform | None:
-    if transform is None:
-        if seed is not None or threads is not None:
-            raise ValueError("seed= and transform_threads= are for a transform: pass transform= too")
-        return None
-    if not callable(transform):
-        raise TypeError(f"transform must be a function of one sample, not {type(transform).__name__}")
+def _transform_of(augment: Augment, name: str) -> Transform:
+    seed = augment.seed
     if seed is None:
         import torch
 
         # As a DataLoader's base seed: drawn from torch's global generator,
         # so that torch.manual_seed() in the script makes it reproducible.
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
-    elif isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, not {seed!r}")
+    threads = augment.threads
     if threads is None:
-        threads = default_threads() if takes_generator(transform) else 0
-    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"transform_threads must be an int >= 0 (0: in the training thread), not {threads!r}")
-    elif threads > 0 and not takes_generator(transform):
-        import warnings
-
-        from ._report import BatchcastWarning
-
-        warnings.warn(
-            f"consumer of '{name}': transform_threads={threads} is not used: the transform has no parameter "
-            "named `generator`, so it draws from torch's global generator, which is one per process; it runs "
-            "one sample at a time in the training thread. Give it a `generator` parameter and draw from that "
-            "to run it on threads", BatchcastWarning, stacklevel=3)
-    return Transform(transform, seed, threads, name)
+        threads = default_threads() if takes_generator(augment.fn) else 0
+    return Transform(augment.fn, seed, threads, name)
 
 
 class EpochSamples:
@@ -210,6 +127,24 @@ class EpochBatches(EpochSamples):
         return EpochSamples(self._consumer, share=True)
 
 
+class WithIndices:
+    """A consumer's epochs with each batch's sample identities
+    (``Consumer.with_indices()``): each ``iter()`` is one epoch of
+    ``(batch, indices)``."""
+
+    def __init__(self, consumer: "Consumer") -> None:
+        self._consumer = consumer
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._consumer._iterate(indices=True)
+
+    def __len__(self) -> int:
+        return len(self._consumer)
+
+    def __repr__(self) -> str:
+        return f"<batchcast epochs with indices of consumer {self._consumer.name!r}>"
+
+
 class Consumer:
     """Iterate it like a DataLoader: each ``iter()`` is one epoch.
 
@@ -234,76 +169,64 @@ class Consumer:
     copies instead (a ``batchcast.KeptBatchesWarning`` says so once), so that
     nobody waits for you.
 
-    ``device`` says where batches arrive. By default, where the producer put
-    them: host shared memory, or the producer's GPU (zero-copy views; the
-    current CUDA stream waits for the producer's copy, and the memory is reused
-    only once that stream is past your last use of it, so use a batch on the
-    stream that was current when you took it, or pass ``release_after="device"``
-    if you also use batches on side streams: then a slot goes back only once
-    the whole GPU is past it). ``device="cuda:K"`` on another
-    GPU costs one GPU-to-GPU copy per loader batch; ``device="cpu"`` from a GPU
-    producer costs one device-to-host copy. ``stats()`` says which was chosen.
+    ``device`` says where batches arrive: by default where the producer put
+    them (host shared memory, or the producer's GPU: zero-copy, the current
+    CUDA stream waits for the producer's copy, and the memory is reused once
+    that stream is past your last use of it); ``"cuda:K"`` on another GPU
+    (one GPU-to-GPU copy per loader batch), ``"cpu"`` from a GPU producer (one
+    device-to-host copy). ``bc.Placement(device, release_after=...,
+    writable=..., shared_gpu_views=...)`` says more: when a GPU batch's memory
+    goes back, private copies you may modify, or the producer's GPU memory
+    shared as views. ``stats()`` says what was chosen.
 
-    ``late_join`` says where a consumer that connects mid-epoch starts.
-    ``"now"`` (the default): with the next batch the producer publishes; its
-    epochs are its own, each the next ``samples_per_epoch`` samples from where
-    it joined, and each holds every sample exactly once (the producer keeps its
-    loader's order in blocks to make it so: see the README's "Joining").
-    Where the producer cannot steer its loader's order (an IterableDataset,
-    a loader other than a DataLoader, a sampler it does not know), it starts
-    at the next epoch instead, as with ``"next_epoch"``. ``"catch_up"``: the
-    current epoch from its start while its first batches are still retained.
+    ``join`` says where a consumer that connects mid-epoch starts: ``"now"``
+    (the default) with the next batch the producer publishes, with epochs of
+    its own, each the next ``samples_per_epoch`` samples from where it joined
+    and each holding every sample exactly once (see docs/sweeps.md,
+    "Joining mid-epoch"); ``"next_epoch"``; or ``"catch_up"``, the current epoch from its
+    start while its first batches are still retained. ``bc.Join(when,
+    past_last_epoch=..., runtime_dir=...)`` also says what an epoch asked for
+    after the producer's last one does, and where the producer is found.
     ``stats()["first_position"]`` says where its epochs begin in the
     producer's (0: they are the producer's).
 
-    ``group``, ``rank`` and ``world_size`` make this consumer one rank of a
-    data-parallel trial (a DDP job): of each ``world_size * batch_size``
-    consecutive samples of the stream, rank r takes the r-th ``batch_size``, so
-    the ranks together see the epoch once while whole-stream consumers beside
-    them see all of it. ``rank`` and ``world_size`` default to
-    ``torch.distributed``'s when it is initialized. Every rank gets the same
-    number of batches: the last, partial window is padded up to a multiple of
-    ``world_size`` with the epoch's first samples and split evenly (unless
-    ``drop_last``, which drops it). The group starts once all its ranks are
-    present, at the next epoch, and counts as one consumer; if a rank exits,
-    leaves or is evicted, every other rank's next ``next()`` of that epoch
-    raises ``batchcast.GroupError``.
+    ``group=bc.Group(name, rank, world_size)`` makes this consumer one rank of
+    a data-parallel trial (a DDP job): of each ``world_size * batch_size``
+    consecutive samples of the stream, rank r takes the r-th ``batch_size``,
+    so the ranks together see the epoch once while whole-stream consumers
+    beside them see all of it (``group="name"`` takes rank and world size
+    from ``torch.distributed``). Every rank gets the same number of batches:
+    the last, partial window is padded up to a multiple of ``world_size`` with
+    the epoch's first samples and split evenly (unless ``drop_last``, which
+    drops it). The group starts once all its ranks are present, at the next
+    epoch, and counts as one consumer; if a rank exits, leaves or is evicted,
+    every other rank's next ``next()`` of that epoch raises
+    ``batchcast.GroupError``.
 
     ``pad`` re-pads samples of variable length (speech, text, clips): where
     one batch of this consumer joins loader batches that the loader padded to
-    different lengths, each leaf named in ``pad`` is padded on the trailing
-    side of each dimension its samples differ in to the largest among them,
-    with that leaf's value (``pad={"input_ids": 0, "attention_mask": 0,
-    "labels": -100}``; a tuple of keys names a leaf deeper inside; one number
-    pads every leaf). ``pad_to_multiple_of`` rounds those dimensions up. Samples
-    keep their values (the loader's own padding included); a batch of one
-    loader batch's samples stays a view, a re-padded one is one copy
-    (``stats()["repadded"]`` counts them). A leaf whose shapes differ and that
-    ``pad`` does not name raises ``batchcast.RebatchError`` saying so.
+    different lengths, each leaf named is padded on the trailing side of each
+    dimension its samples differ in to the largest among them, with that
+    leaf's value (``pad={"input_ids": 0, "attention_mask": 0, "labels":
+    -100}``; a tuple of keys names a leaf deeper inside; one number pads
+    every leaf; ``bc.Pad(values, multiple_of=8)`` rounds those dimensions
+    up). Samples keep their values; a batch of one loader batch's samples
+    stays a view, a re-padded one is one copy (``stats()["repadded"]``). A
+    leaf whose shapes differ and that ``pad`` does not name raises
+    ``batchcast.RebatchError`` saying so.
 
     ``transform`` is this trainer's own augmentation of the shared samples
     (the producer's loader decodes and resizes; each trainer augments): a
-    function called once per sample, with that sample (the batch's
-    structure, each tensor indexed at the sample: ``(image, label)``), whose
-    results are collated as a DataLoader's default collate would. Its
-    randomness is per sample and reproducible: given a parameter named
-    ``generator``, it gets a ``torch.Generator`` (on the CPU) seeded from
-    ``seed``, this consumer's epoch and the sample's identity (its dataset
-    index, where the producer knows it; else its position in the producer's
-    epoch), so a sample's augmentation in an epoch is the same whatever the
-    batch size, wherever the trainer joined, and after a resume. Such a
-    function runs on ``transform_threads`` threads (default: up to 4), one
-    batch ahead of the training loop. A function without ``generator`` (one
-    that draws from torch's global generator, as torchvision's transforms
-    do) is seeded the same way per sample but runs one sample at a time in
-    the training thread. ``seed`` defaults to one drawn from torch's global
-    generator (``torch.manual_seed`` makes it reproducible); ``state_dict()``
-    keeps it. Batches on a GPU are transformed on a side stream. An
+    function called once per sample, or ``bc.Augment(fn, seed=...,
+    threads=...)``; see ``batchcast.Augment`` for its per-sample, reproducible
+    randomness. Batches on a GPU are transformed on a side stream. An
     exception in the transform is a ``batchcast.TransformError`` naming the
     sample and the epoch.
 
-    ``with_indices=True`` yields ``(batch, indices)``: an int64 tensor of each
-    sample's identity as above (``stats()["sample_identity"]`` says which).
+    ``with_indices()`` iterates an epoch as ``(batch, indices)``: an int64
+    tensor of each sample's identity (its dataset index where the producer
+    knows it, else its position in the producer's epoch;
+    ``stats()["sample_identity"]`` says which).
 
     ``state_dict()`` is where the consumer stands (epoch, and position in the
     producer's stream), as torchdata's ``StatefulDataLoader`` has it;
@@ -323,43 +246,35 @@ class Consumer:
         *,
         drop_last: bool = False,
         timeout: float = 30.0,
-        late_join: str = "now",
         device: Any = None,
-        release_after: str = "stream",
-        runtime_dir: str | None = None,
-        group: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
         state: dict[str, Any] | None = None,
-        past_last_epoch: str = "raise",
-        writable: bool = False,
-        shared_gpu_views: bool = False,
-        pad: float | Mapping[Any, float] | None = None,
-        pad_to_multiple_of: int | None = None,
-        transform: Callable[..., Any] | None = None,
-        seed: int | None = None,
-        transform_threads: int | None = None,
-        with_indices: bool = False,
+        transform: Callable[..., Any] | Augment | None = None,
+        pad: float | Mapping[Any, float] | Pad | None = None,
+        group: str | Group | None = None,
+        join: str | Join = "now",
     ) -> None:
         self._pid = os.getpid()  # a forked child's copy of this consumer is not usable
         self._core: _C.Consumer | None = None
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
-        if past_last_epoch not in ("raise", "empty"):
-            raise ValueError(f"past_last_epoch must be 'raise' or 'empty', not {past_last_epoch!r}")
-        if late_join not in ("now", "next_epoch", "catch_up"):
-            raise ValueError(f"late_join must be 'now', 'next_epoch' or 'catch_up', not {late_join!r}")
-        if release_after not in ("stream", "device"):
-            raise ValueError(f"release_after must be 'stream' or 'device', not {release_after!r}")
+        joining, placement, padding = Join.of(join), Placement.of(device), Pad.of(pad)
+        ranks, augment = Group.of(group), Augment.of(transform)
+        if ranks is not None and batch_size is None:
+            raise ValueError("a consumer group needs batch_size= (each rank's batch size)")
+        if padding is not None and batch_size is None:
+            raise ValueError(
+                "pad= re-pads samples that one batch of this consumer joins from several loader batches; "
+                "without batch_size= the loader's batches arrive as they are, padded as the loader made "
+                "them: give a batch_size, or leave pad out")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
-        self.group, self.rank, self.world_size = _group_of(group, rank, world_size, batch_size)
-        self._padding = _padding_of(pad, pad_to_multiple_of, batch_size)
-        self._seed_given = seed is not None
-        self._transform = _transform_of(transform, seed, transform_threads, name)
-        self.with_indices = bool(with_indices)
+        self.group: str | None = None if ranks is None else ranks.name
+        self.rank: int | None = None if ranks is None else ranks.rank
+        self.world_size: int | None = None if ranks is None else ranks.world_size
+        self._seed_given = augment is not None and augment.seed is not None
+        self._transform = None if augment is None else _transform_of(augment, name)
         # The producer's epoch this consumer's epoch 0 began in (its epochs
         # are counted from there: a transform's seeds use that count).
         self._epoch_zero: int | None = None
@@ -372,42 +287,39 @@ class Consumer:
         self._fetcher: futures.ThreadPoolExecutor | None = None
         if self._transform is not None and self._transform.pool is not None:
             self._fetcher = futures.ThreadPoolExecutor(1, thread_name_prefix=f"batchcast-fetch-{name}")
-        placement, cuda_device = _C.Placement.AUTO, -1
-        if device is not None:
-            kind, cuda_device = parse_device(device, "device")
-            placement = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
+        where, cuda_device = _C.Placement.AUTO, -1
+        if placement.device is not None:
+            kind, cuda_device = parse_device(placement.device, "device")
+            where = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
         # _C.Consumer's keywords (its options list; kept to reconnect).
         self._options: dict[str, Any] = dict(
             name=name,
             batch_size=batch_size,
             drop_last=self.drop_last,
             timeout=float(timeout),
-            runtime_dir=runtime_dir or "",
-            catch_up=late_join == "catch_up",
-            join_now=late_join == "now",
-            placement=placement,
+            runtime_dir=joining.runtime_dir or "",
+            catch_up=joining.when == "catch_up",
+            join_now=joining.when == "now",
+            placement=where,
             cuda_device=cuda_device,
-            release_after=_C.ReleaseAfter.STREAM if release_after == "stream" else _C.ReleaseAfter.DEVICE,
+            release_after=(_C.ReleaseAfter.STREAM if placement.release_after == "stream"
+                           else _C.ReleaseAfter.DEVICE),
             group=self.group or "",
             rank=self.rank or 0,
             world_size=self.world_size or 0,
-            empty_past_last_epoch=past_last_epoch == "empty",
-            writable=bool(writable),
-            shared_gpu_views=bool(shared_gpu_views),
+            empty_past_last_epoch=joining.past_last_epoch == "empty",
+            writable=placement.writable,
+            shared_gpu_views=placement.shared_gpu_views,
         )
+        if padding is not None:
+            self._options.update(pad_leaves=[(list(keys), value) for keys, value in padding.leaves],
+                                 pad_every=padding.every, pad_multiple_of=padding.multiple_of)
         _name_the_line_that_writes()
         self._stats: dict[str, Any] | None = None
         self._connect(state)
 
     def _connect(self, state: dict[str, Any] | None) -> None:
-        core = self._open(state)
-        if self._padding is not None:
-            try:
-                core.set_padding(*self._padding)
-            except BaseException:
-                core.close()
-                raise
-        self._core = core
+        self._core = self._open(state)
 
     def _open(self, state: dict[str, Any] | None) -> _C.Consumer:
         resume: _Resume = {}
@@ -482,14 +394,24 @@ class Consumer:
         self._connect(state)
 
     def __iter__(self) -> Iterator[Any]:
+        return self._iterate(indices=False)
+
+    def with_indices(self) -> "WithIndices":
+        """This consumer's epochs as ``(batch, indices)``: iterating it is
+        one epoch (as iterating the consumer is), each batch with an int64
+        tensor of its samples' identities (``stats()["sample_identity"]``
+        says whether dataset indices or positions in the producer's epoch)."""
+        return WithIndices(self)
+
+    def _iterate(self, indices: bool) -> Iterator[Any]:
         core = self._live()
         self._drop_ahead()
         epoch = core.begin_epoch()
         if self._epoch_zero is None:
             self._epoch_zero = epoch - self._resumed_number
-        if self._transform is None and not self.with_indices:
+        if self._transform is None and not indices:
             return self._epoch(core)
-        return self._epoch_of(core, epoch - self._epoch_zero)
+        return self._epoch_of(core, epoch - self._epoch_zero, indices)
 
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
         while True:
@@ -499,7 +421,7 @@ class Consumer:
             layout, leaves, _ = item
             yield unflatten(layout, leaves)
 
-    def _epoch_of(self, core: _C.Consumer, number: int) -> Iterator[Any]:
+    def _epoch_of(self, core: _C.Consumer, number: int, indices: bool) -> Iterator[Any]:
         """An epoch with the transform applied and/or the indices handed out.
         With transform threads, from the second batch on the next batch is
         fetched and transformed while the training loop uses this one (not
@@ -518,7 +440,7 @@ class Consumer:
             if self._fetcher is not None and taken >= 2:
                 self._handed = got.position  # where the consumer stands with this batch
                 self._ahead = self._fetcher.submit(self._fetch, core, number, True)
-            yield (batch, got.ids) if self.with_indices else batch
+            yield (batch, got.ids) if indices else batch
 
     def _fetch(self, core: _C.Consumer, number: int, ahead: bool = False) -> _Fetched | None:
         """The next batch from the core, its transform started (`ahead`: in

@@ -232,7 +232,7 @@ class Producer:
         own_samples = _samples_per_epoch(loader)
         if samples_per_epoch is None:
             samples_per_epoch = own_samples
-        # Consumers may join mid-epoch (late_join="now") when the producer
+        # Consumers may join mid-epoch (join="now") when the producer
         # can keep the loader's order in blocks (see _order).
         why_not = steering(loader)
         fix = ("pass the DataLoader itself (over a map-style dataset, with shuffle=True or False, "

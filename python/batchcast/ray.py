@@ -48,6 +48,7 @@ then it ends and that trial gets a new one, from the loader's first epoch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
@@ -60,6 +61,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import _status
 from .consumer import Consumer
+from .options import Join
 from .producer import Producer
 
 NAMESPACE = "batchcast"  # the Ray namespace of every producer actor
@@ -246,13 +248,14 @@ def consumer(name: str, make_loader: Callable[[], Any], batch_size: int | None =
     `idle_timeout`, `num_cpus`, `resources` and `producer_options`; they apply
     only when the producer is created here). `consumer_options` go to
     ``batchcast.Consumer``. Call it inside a Ray task, actor or Tune trial."""
-    if "runtime_dir" in consumer_options:
-        raise TypeError("runtime_dir is the node's own (node_runtime_dir); do not pass it")
+    join = Join.of(consumer_options.pop("join", "now"))
+    if join.runtime_dir is not None:
+        raise TypeError("a Join's runtime_dir is the node's own here (node_runtime_dir); do not pass it")
     node_id = ray.get_runtime_context().get_node_id()
     options = dict(producer_options or {}, idle_timeout=idle_timeout, num_cpus=num_cpus,
                    resources=resources)
     lease = _lease(name, make_loader, node_id, timeout, options)
-    return Consumer(name, batch_size, runtime_dir=lease["runtime_dir"],
+    return Consumer(name, batch_size, join=dataclasses.replace(join, runtime_dir=lease["runtime_dir"]),
                     timeout=consumer_options.pop("timeout", timeout), **consumer_options)
 
 

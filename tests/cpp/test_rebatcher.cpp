@@ -497,7 +497,7 @@ TEST(Rebatcher, JoinedLoaderBatchesOfDifferentLengthsAreRepaddedWithTheDeclaredV
   for (int64_t multiple : {1, 4}) {
     Rebatcher r(3, false);
     Padding padding;
-    padding.all = -1;
+    padding.every = -1;
     padding.multiple_of = multiple;
     r.set_padding(padding);
     r.begin_epoch(6);

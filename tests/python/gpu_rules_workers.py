@@ -208,8 +208,12 @@ def produce_odd(args: argparse.Namespace) -> None:
 def consume_odd(args: argparse.Namespace) -> None:
     result = {"error": None, "batches": 0, "mismatches": [], "samples": 0}
     try:
-        with bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
-                         shared_gpu_views=args.views == "shared") as c:
+        with bc.Consumer(
+            args.name,
+            batch_size=args.batch_size,
+            timeout=args.timeout,
+            device=bc.Placement(shared_gpu_views=args.views == "shared"),
+        ) as c:
             for _ in range(args.epochs):
                 for batch in c:
                     epoch = int(batch["epoch"])
@@ -278,12 +282,16 @@ def consume_transformed(args: argparse.Namespace) -> None:
 
     result = {"error": None, "samples": 0, "mismatches": [], "identity": None}
     try:
-        with bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout, transform=noisy, seed=5,
-                         transform_threads=2, with_indices=True) as c:
+        with bc.Consumer(
+            args.name,
+            batch_size=args.batch_size,
+            timeout=args.timeout,
+            transform=bc.Augment(noisy, seed=5, threads=2),
+        ) as c:
             for number in range(args.epochs):
                 seen = []
                 e = None
-                for (images, labels), indices in c:
+                for (images, labels), indices in c.with_indices():
                     e = c.stats()["epoch"] if e is None else e
                     images, labels = images.cpu(), labels.cpu()
                     # Identity: its position in the producer's epoch (batches
@@ -396,9 +404,13 @@ def consume(args: argparse.Namespace) -> None:
 
     checker = Checker(args.check, args.stream_delay_us)
     try:
-        consumer = bc.Consumer(args.name, batch_size=args.batch_size, timeout=args.timeout,
-                               release_after=args.release_after, late_join=args.late_join,
-                               shared_gpu_views=args.views == "shared")
+        consumer = bc.Consumer(
+            args.name,
+            batch_size=args.batch_size,
+            timeout=args.timeout,
+            device=bc.Placement(release_after=args.release_after, shared_gpu_views=args.views == "shared"),
+            join=args.late_join,
+        )
     except Exception as exc:  # what a user would see: the test asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
         with open(args.out, "w") as f:

@@ -142,9 +142,13 @@ def consume(args: argparse.Namespace) -> None:
         torch.cuda.init()
     # Views of the ring (shared_gpu_views=True): what these tests look at; the
     # default private copies have their own tests (test_gpu_rules.py).
-    consumer = bc.Consumer(args.name, batch_size=args.batch_size, drop_last=args.drop_last,
-                           timeout=args.timeout, device=args.device or None,
-                           shared_gpu_views=args.views == "shared")
+    consumer = bc.Consumer(
+        args.name,
+        batch_size=args.batch_size,
+        drop_last=args.drop_last,
+        timeout=args.timeout,
+        device=bc.Placement(args.device or None, shared_gpu_views=args.views == "shared"),
+    )
     result = {"epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "tensors": 0, "tensors_in_ring": 0, "batches_all_in_ring": [],
               "outside_ring": None, "rings": [], "allocated_during": [],

@@ -4,8 +4,11 @@ rebatching property over random sizes, structures, lifecycle, errors, leaks."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
+import inspect
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -186,14 +189,60 @@ def test_tensors_of_many_dimensions_arrive_with_their_shapes_and_values(runtime_
                 yield {k: v[start:start + 4] for k, v in rows.items()}
 
     with bc.Producer(Loader(), "dims", epochs=1):
-        with bc.Consumer("dims", batch_size=6, writable=writable, with_indices=True, timeout=10) as consumer:
-            got = list(consumer)
+        with bc.Consumer(
+            "dims",
+            batch_size=6,
+            timeout=10,
+            device=bc.Placement(writable=writable),
+        ) as consumer:
+            got = list(consumer.with_indices())
     assert [ids.tolist() for _, ids in got] == [list(range(6)), list(range(6, 12))]
     for key, shape in shapes.items():
         parts = [batch[key] for batch, _ in got]
         assert [tuple(p.shape) for p in parts] == [(6, *shape)] * 2, key
         assert torch.equal(torch.cat(parts), rows[key]), key
         assert all(p.is_contiguous() for p in parts), key
+
+
+CAPSULES = """
+import torch, batchcast as bc
+assert bc._C.tensor_crossing() == "capsules", bc._C.tensor_crossing()
+batches = [(torch.arange(i * 4, i * 4 + 4), torch.arange(i * 12, i * 12 + 12).float().view(4, 3))
+           for i in range(12)]
+with bc.Producer(batches, "capsules", epochs=3, slots=2):  # 2 slots: freed views must come back
+    with bc.Consumer("capsules", batch_size=6, timeout=30) as c:
+        for _ in range(3):
+            got = [(ids, x) for ids, x in c]
+            ids = torch.cat([i for i, _ in got])
+            assert ids.tolist() == list(range(48)), ids
+            assert torch.equal(torch.cat([x for _, x in got]), torch.arange(48 * 3).float().view(48, 3))
+            del got, ids
+print("ok")
+"""
+
+
+def test_tensors_cross_as_dlpack_capsules_where_torch_has_no_exchange_api(runtime_dir):
+    """The path for a torch without DLPack's C exchange API (every supported
+    torch has it; BATCHCAST_DLPACK_CAPSULES takes the other path): the same
+    values both ways, and views freed give their ring slots back."""
+    expected = "exchange" if hasattr(torch.Tensor, "__dlpack_c_exchange_api__") else "capsules"
+    assert bc._C.tensor_crossing() == expected
+    env = dict(os.environ, BATCHCAST_DLPACK_CAPSULES="1")
+    done = subprocess.run([sys.executable, "-c", CAPSULES], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_the_modules_export_their_init_functions_and_nothing_else():
+    """Hidden visibility and a version script: batchcast's classes and the
+    C++ library's template copies stay inside each module."""
+    import batchcast._status as status
+
+    for module, init in ((bc._C, "PyInit__C"), (status, "PyInit__status")):
+        out = subprocess.run(["nm", "-D", "--defined-only", module.__file__], capture_output=True,
+                             text=True, check=True).stdout
+        assert [line.split()[-1] for line in out.splitlines()] == [init], out[:2000]
 
 
 def test_tensors_stay_valid_after_the_consumer_and_producer_are_gone(runtime_dir):
@@ -379,7 +428,7 @@ def test_a_consumer_joining_a_finished_producer_is_told_there_is_no_epoch(runtim
             with pytest.raises(bc.EpochsExhausted, match=r"served every epoch it was asked to "
                                r"\(epoch 0\) and ended, and this consumer asked for epoch 1"):
                 list(late)
-        with bc.Consumer("done", batch_size=2, timeout=10, past_last_epoch="empty") as late:
+        with bc.Consumer("done", batch_size=2, timeout=10, join=bc.Join(past_last_epoch="empty")) as late:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 assert list(late) == []  # as asked: an empty epoch, nothing to warn of
@@ -627,7 +676,7 @@ def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runt
     gate.release(2)
     published(2)
     threads.append(threading.Thread(target=train, args=(
-        "catch_up", bc.Consumer("late", batch_size=3, late_join="catch_up"), 2)))
+        "catch_up", bc.Consumer("late", batch_size=3, join="catch_up"), 2)))
     threads.append(threading.Thread(target=train, args=(
         "next_epoch", bc.Consumer("late", batch_size=4), 1)))
     threads[-2].start()
@@ -635,7 +684,7 @@ def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runt
     gate.release(4)
     published(6)  # past the window of 4
     threads.append(threading.Thread(target=train, args=(
-        "too_late", bc.Consumer("late", batch_size=4, late_join="catch_up"), 1)))
+        "too_late", bc.Consumer("late", batch_size=4, join="catch_up"), 1)))
     threads[-1].start()
     gate.release(100)
     for t in threads:
@@ -652,9 +701,41 @@ def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runt
     assert "joined epoch 0 of producer 'late'" in fallback[0].getMessage()
 
 
-def test_bad_late_join_is_a_clear_error(runtime_dir):
-    with pytest.raises(ValueError, match="late_join must be"):
-        bc.Consumer("x", batch_size=2, late_join="rubber")
+def test_the_consumer_takes_a_dataloaders_arguments_and_option_objects_for_the_rest(runtime_dir):
+    assert list(inspect.signature(bc.Consumer).parameters) == [
+        "name", "batch_size", "drop_last", "timeout", "device", "state", "transform", "pad", "group", "join"]
+    # Each option object checks itself where it is written, is plain data
+    # (frozen: one can serve several consumers) and has a plain form.
+    for option in (bc.Augment(lambda s: s), bc.Pad(0), bc.Group("g", 0, 2), bc.Join(), bc.Placement()):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            option.seed = 1  # type: ignore[misc, union-attr]
+    assert bc.Join.of("catch_up") == bc.Join("catch_up")
+    assert bc.Placement.of("cpu") == bc.Placement("cpu")
+    assert bc.Pad.of({"x": 0}) == bc.Pad({"x": 0}) and bc.Pad({"x": 0, ("y", 1): -1}).leaves == (
+        (("x",), 0.0), (("y", "1"), -1.0))
+    with pytest.raises(ValueError, match="writable=True makes every batch a private copy; "
+                                         "shared_gpu_views=True hands out views every consumer shares"):
+        bc.Placement(writable=True, shared_gpu_views=True)
+    with pytest.raises(ValueError, match="release_after must be 'stream' or 'device', not 'never'"):
+        bc.Placement(release_after="never")
+    # the spellings of before the options were grouped are gone, not ignored
+    for old in ({"late_join": "now"}, {"writable": True}, {"pad_to_multiple_of": 8}, {"rank": 0},
+                {"with_indices": True}):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(old))}'"):
+            bc.Consumer("x", batch_size=2, **old)  # type: ignore[arg-type]
+    with bc.Producer(id_batches(12, 4), "options", epochs=1):
+        with bc.Consumer("options", batch_size=6, timeout=10, device=bc.Placement("cpu", writable=True),
+                         join=bc.Join("next_epoch", past_last_epoch="empty")) as c:
+            got = [ids.tolist() for ids, _ in c]
+            got_again = list(c)  # past the last epoch: empty, as asked
+        stats = c.stats()
+    assert got == [list(range(6)), list(range(6, 12))] and got_again == []
+    assert stats["batch_copies"] == 2 and stats["device"] == "cpu"
+
+
+def test_bad_join_is_a_clear_error(runtime_dir):
+    with pytest.raises(ValueError, match="join must be one of .now., .next_epoch., .catch_up., not .rubber."):
+        bc.Consumer("x", batch_size=2, join="rubber")
     with pytest.raises(ValueError, match="catch_up_window must be at most"):
         bc.Producer(id_batches(4, 2), "x", slots=4, catch_up_window=3)
 

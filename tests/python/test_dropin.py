@@ -42,7 +42,7 @@ def test_a_group_ranks_sampler_is_its_part_of_the_epoch(runtime_dir, name):
     import threading
 
     with bc.Producer(id_loader(50, 8), name, epochs=1):
-        ranks = [bc.Consumer(name, batch_size=4, group="g", rank=r, world_size=3, timeout=10)
+        ranks = [bc.Consumer(name, batch_size=4, timeout=10, group=bc.Group("g", r, 3))
                  for r in range(3)]
         # Windows of 12: four whole ones (16 samples each rank), then 2 left
         # padded to 3 and split: 1 each.

@@ -65,7 +65,8 @@ COMMON = """
         return x + 0 * torch.rand(x.shape, generator=generator), i
 
     def train(transform, batch_size, out):
-        consumer = bc.Consumer(name, batch_size=batch_size, transform=transform, seed=1, timeout=60)
+        consumer = bc.Consumer(name, batch_size=batch_size, transform=bc.Augment(transform, seed=1),
+                               timeout=60)
         for _ in range(EPOCHS):
             seen = []
             for x, i in consumer:

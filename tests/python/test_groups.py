@@ -195,22 +195,23 @@ def run_producer(loader, name, **kw):
 
 
 def test_bad_group_arguments_are_clear_errors(runtime_dir):
-    with pytest.raises(ValueError, match="need group="):
-        bc.Consumer("x", batch_size=4, rank=0, world_size=2)
-    with pytest.raises(ValueError, match="needs rank= and world_size="):
+    with pytest.raises(ValueError, match=r"group 'g' needs its rank and world_size \(bc.Group\('g', rank, "
+                       r"world_size\)\), or an initialized torch.distributed process group"):
         bc.Consumer("x", batch_size=4, group="g")
     with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\)"):
-        bc.Consumer("x", batch_size=4, group="g", rank=2, world_size=2)
+        bc.Group("g", 2, 2)
+    with pytest.raises(ValueError, match="a group's name must be a non-empty str"):
+        bc.Group("")
     with pytest.raises(ValueError, match="needs batch_size="):
-        bc.Consumer("x", group="g", rank=0, world_size=2)
+        bc.Consumer("x", group=bc.Group("g", 0, 2))
 
 
 def test_a_duplicate_rank_is_refused_with_the_reason(runtime_dir):
     p = run_producer(DataLoader(IdDataset(20), batch_size=4), "dup", epochs=1)
     try:
-        first = bc.Consumer("dup", batch_size=2, group="g", rank=0, world_size=2)
+        first = bc.Consumer("dup", batch_size=2, group=bc.Group("g", 0, 2))
         with pytest.raises(bc.Refused, match="rank 0 is already there"):
-            bc.Consumer("dup", batch_size=2, group="g", rank=0, world_size=2)
+            bc.Consumer("dup", batch_size=2, group=bc.Group("g", 0, 2))
         first.close()
     finally:
         p.stop()
@@ -256,8 +257,8 @@ def test_group_splits_match_the_rule_for_any_sizes(runtime_dir, world, b, loader
     p = run_producer(DataLoader(IdDataset(n), batch_size=loader_batch), name, epochs=1,
                      min_consumers=1, slots=4)
     try:
-        consumers = [bc.Consumer(name, batch_size=b, drop_last=drop_last, group="g", rank=r,
-                                 world_size=world) for r in range(world)]
+        consumers = [bc.Consumer(name, batch_size=b, drop_last=drop_last, group=bc.Group("g", r, world))
+                     for r in range(world)]
         out: list = [None] * world
         threads = [threading.Thread(target=collect_rank, args=(c, out, r))
                    for r, c in enumerate(consumers)]

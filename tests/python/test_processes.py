@@ -423,7 +423,7 @@ def test_writing_into_a_batch_in_place_crashes_with_an_explanation_and_corrupts_
     assert bad.returncode == -signal.SIGSEGV
     err = procs.err(bad)
     assert "batchcast: a batch tensor was written in place" in err and "clone()" in err
-    assert "Consumer(..., writable=True)" in err
+    assert "Consumer(..., device=bc.Placement(writable=True))" in err
     # The Python traceback names the line that wrote.
     script = Path(__file__).parent / "workers.py"
     line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "batch[0].mul_(2)" in text)

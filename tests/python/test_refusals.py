@@ -127,7 +127,7 @@ def test_a_late_joiner_is_told_where_it_joined(runtime_dir, name):
 
 def test_an_empty_epoch_past_the_last_is_there_for_code_that_asks_for_it(runtime_dir, name):
     with bc.Producer(Ids(10, 4), name, epochs=1):
-        with bc.Consumer(name, batch_size=4, timeout=10, past_last_epoch="empty") as consumer:
+        with bc.Consumer(name, batch_size=4, timeout=10, join=bc.Join(past_last_epoch="empty")) as consumer:
             assert epoch_ids(consumer) == list(range(10))
             assert epoch_ids(consumer) == []  # no warning either (they are errors here)
             assert epoch_ids(consumer) == []
@@ -135,8 +135,8 @@ def test_an_empty_epoch_past_the_last_is_there_for_code_that_asks_for_it(runtime
 
 
 def test_past_last_epoch_must_be_raise_or_empty(runtime_dir, name):
-    with pytest.raises(ValueError, match="past_last_epoch must be 'raise' or 'empty', not 'stop'"):
-        bc.Consumer(name, past_last_epoch="stop")
+    with pytest.raises(ValueError, match="Join's past_last_epoch must be 'raise' or 'empty', not 'stop'"):
+        bc.Consumer(name, join=bc.Join(past_last_epoch="stop"))
 
 
 # ---- 4: a peek does not eat an epoch ----------------------------------------------
@@ -388,7 +388,7 @@ def test_a_late_joiner_says_it_waits_for_the_next_epoch(runtime_dir, name, caplo
     with bc.Producer(Ids(12, 4, gate, pause_at=(0, 2)), name, epochs=2) as producer:
         first = bc.Consumer(name, batch_size=4, timeout=10)
         eventually(lambda: producer.stats()["batches_published"] >= 2, "epoch 0 to be under way")
-        late = bc.Consumer(name, batch_size=4, timeout=10, late_join="next_epoch")
+        late = bc.Consumer(name, batch_size=4, timeout=10, join="next_epoch")
         got = []
         waiting = threading.Thread(target=lambda: got.append(epoch_ids(late)))
         waiting.start()

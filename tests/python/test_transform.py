@@ -96,9 +96,9 @@ def test_every_sample_once_per_epoch_and_one_seed_one_augmentation_for_any_batch
     a third with another seed gets other ones; each epoch draws anew."""
     got: dict[int, dict] = {0: {}, 1: {}, 2: {}}  # type: ignore[type-arg]
     with bc.Producer(loader(), "aug", epochs=2, min_consumers=3):
-        consumers = [bc.Consumer("aug", batch_size=5, transform=noisy, seed=11, transform_threads=0),
-                     bc.Consumer("aug", batch_size=7, transform=noisy, seed=11, transform_threads=3),
-                     bc.Consumer("aug", batch_size=7, transform=noisy, seed=12)]
+        consumers = [bc.Consumer("aug", batch_size=5, transform=bc.Augment(noisy, seed=11, threads=0)),
+                     bc.Consumer("aug", batch_size=7, transform=bc.Augment(noisy, seed=11, threads=3)),
+                     bc.Consumer("aug", batch_size=7, transform=bc.Augment(noisy, seed=12))]
         threads = [threading.Thread(target=train, args=(c, 2, got[k])) for k, c in enumerate(consumers)]
         for t in threads:
             t.start()
@@ -118,7 +118,7 @@ def test_every_sample_once_per_epoch_and_one_seed_one_augmentation_for_any_batch
 def test_samples_of_one_batch_draw_their_own_parameters(runtime_dir):
     within: list[torch.Tensor] = []
     with bc.Producer(DataLoader(Indexed(), batch_size=N), "onebatch", epochs=1):
-        c = bc.Consumer("onebatch", transform=noisy, seed=3)
+        c = bc.Consumer("onebatch", transform=bc.Augment(noisy, seed=3))
         augmentations(c, 0, {}, within)
         c.close()
     (noise,) = within
@@ -150,15 +150,15 @@ def test_a_trial_joining_mid_epoch_and_one_resuming_get_the_same_augmentations(r
     gated = Gated(limit=40)
     stream = DataLoader(gated, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
     with bc.Producer(stream, "join", epochs=3, slots=20, catch_up_window=10, min_consumers=2):
-        ref = bc.Consumer("join", batch_size=5, transform=noisy, seed=5)
-        saver = bc.Consumer("join", batch_size=7, transform=noisy, seed=5, transform_threads=2)
+        ref = bc.Consumer("join", batch_size=5, transform=bc.Augment(noisy, seed=5))
+        saver = bc.Consumer("join", batch_size=7, transform=bc.Augment(noisy, seed=5, threads=2))
         batches = iter(saver)
         taken = augmentations((next(batches) for _ in range(3)), 0, got["first"])
         state = saver.state_dict()
         assert state["epoch_number"] == 0 and state["position"] == 21 and state["seed"] == 5
         saver.close()
-        again = bc.Consumer("join", batch_size=7, transform=noisy, seed=5, transform_threads=2, state=state)
-        joiner = bc.Consumer("join", batch_size=3, transform=noisy, seed=5, late_join="now")
+        again = bc.Consumer("join", batch_size=7, state=state, transform=bc.Augment(noisy, seed=5, threads=2))
+        joiner = bc.Consumer("join", batch_size=3, transform=bc.Augment(noisy, seed=5), join="now")
         gated.open.set()
         threads = [threading.Thread(target=run, args=(ref, "reference", [0, 1, 2])),
                    threading.Thread(target=run, args=(again, "resumed", [0, 1])),
@@ -182,7 +182,7 @@ def test_a_trial_joining_mid_epoch_and_one_resuming_get_the_same_augmentations(r
 
 def test_a_peek_gives_its_batch_back_and_a_left_epoch_does_not_disturb_the_next(runtime_dir):
     with bc.Producer(loader(), "peek", epochs=3):
-        c = bc.Consumer("peek", batch_size=6, transform=noisy, seed=1, transform_threads=2)
+        c = bc.Consumer("peek", batch_size=6, transform=bc.Augment(noisy, seed=1, threads=2))
         peeked, _ = next(iter(c))
         seen: dict = {}  # type: ignore[type-arg]
         assert sorted(augmentations(c, 0, seen)) == list(range(N))
@@ -201,7 +201,7 @@ def test_a_transform_that_raises_names_the_sample_and_the_epoch(runtime_dir):
         return noisy(sample, generator)
 
     with bc.Producer(DataLoader(Indexed(), batch_size=4), "raises", epochs=1):
-        c = bc.Consumer("raises", batch_size=5, transform=fails_on_13, seed=0, transform_threads=2)
+        c = bc.Consumer("raises", batch_size=5, transform=bc.Augment(fails_on_13, seed=0, threads=2))
         got = []
         with pytest.raises(bc.TransformError, match=r"sample 13 \(its dataset index\) in epoch 0: "
                                                      r"ValueError: cannot augment this one") as caught:
@@ -220,7 +220,7 @@ def test_samples_a_transform_shapes_differently_are_a_clear_error(runtime_dir):
         return (x[:3] if int(label) == 13 else x), label
 
     with bc.Producer(DataLoader(Indexed(), batch_size=20), "shapes", epochs=1):
-        c = bc.Consumer("shapes", transform=crops_13_wrong, seed=0, transform_threads=0)
+        c = bc.Consumer("shapes", transform=bc.Augment(crops_13_wrong, seed=0, threads=0))
         with pytest.raises(bc.TransformError, match=r"returned \(a tensor of shape \[3\] float32 on cpu, a tensor of shape "
                                                      r"\[\] int64 on cpu\) for sample 13 .*but \(a tensor of shape \[4\]"):
             list(c)
@@ -230,10 +230,10 @@ def test_samples_a_transform_shapes_differently_are_a_clear_error(runtime_dir):
 def test_a_transform_without_a_generator_is_seeded_per_sample_and_leaves_the_loops_randomness(runtime_dir):
     got: dict[int, dict] = {0: {}, 1: {}}  # type: ignore[type-arg]
     with bc.Producer(loader(), "global", epochs=1, min_consumers=2):
-        a = bc.Consumer("global", batch_size=5, transform=noisy_global, seed=9)
-        with pytest.warns(bc.BatchcastWarning, match="transform_threads=3 is not used: the transform has no "
+        a = bc.Consumer("global", batch_size=5, transform=bc.Augment(noisy_global, seed=9))
+        with pytest.warns(bc.BatchcastWarning, match=r"Augment\(threads=3\) is not used: the function has no "
                                                       "parameter named `generator`"):
-            b = bc.Consumer("global", batch_size=8, transform=noisy_global, seed=9, transform_threads=3)
+            b = bc.Consumer("global", batch_size=8, transform=bc.Augment(noisy_global, seed=9, threads=3))
         train(a, 1, got[0])
         torch.manual_seed(1234)
         before = torch.get_rng_state()
@@ -253,7 +253,7 @@ def test_results_are_collated_as_a_dataloader_would(runtime_dir):
                 "flag": bool(int(label) % 2)}
 
     with bc.Producer(DataLoader(Indexed(10), batch_size=4), "collate", epochs=1):
-        c = bc.Consumer("collate", batch_size=10, transform=to_dict, seed=0)
+        c = bc.Consumer("collate", batch_size=10, transform=bc.Augment(to_dict, seed=0))
         (batch,) = list(c)
         c.close()
     want = torch.utils.data.default_collate([to_dict(Indexed(10)[i], None) for i in range(10)])
@@ -267,11 +267,11 @@ def test_results_are_collated_as_a_dataloader_would(runtime_dir):
 
 def test_with_indices_gives_each_samples_dataset_index(runtime_dir):
     with bc.Producer(loader(num_workers=2), "indices", epochs=2):
-        c = bc.Consumer("indices", batch_size=7, with_indices=True)
+        c = bc.Consumer("indices", batch_size=7)
         assert c.stats()["sample_identity"] == ""  # no batch yet
         for _ in range(2):
             seen = []
-            for (x, labels), indices in c:
+            for (x, labels), indices in c.with_indices():
                 assert indices.dtype == torch.int64 and torch.equal(indices, labels)
                 seen += indices.tolist()
             assert sorted(seen) == list(range(N))
@@ -287,9 +287,10 @@ class Stream(IterableDataset):  # type: ignore[type-arg]
 def test_without_dataset_indices_a_sample_is_known_by_its_position_in_the_epoch(runtime_dir, caplog):
     caplog.set_level(logging.INFO, logger="batchcast")
     with bc.Producer(DataLoader(Stream(), batch_size=4), "positions", epochs=2):
-        c = bc.Consumer("positions", batch_size=9, with_indices=True, transform=lambda s, generator: s, seed=0)
+        c = bc.Consumer("positions", batch_size=9, transform=bc.Augment(lambda s, generator: s, seed=0))
         for _ in range(2):
-            pairs = [(int(v), int(i)) for values, indices in c for v, i in zip(values, indices)]
+            pairs = [(int(v), int(i))
+                     for values, indices in c.with_indices() for v, i in zip(values, indices)]
             assert pairs == [(100 + k, k) for k in range(N)]
         assert c.stats()["sample_identity"] == "position"
         c.close()
@@ -301,22 +302,25 @@ def test_a_collate_that_drops_samples_makes_them_known_by_position_and_says_so(r
         return torch.utils.data.default_collate([s for s in samples if s[1] % 5])
 
     with bc.Producer(DataLoader(Indexed(), batch_size=4, collate_fn=drop_multiples_of_5), "drops", epochs=1):
-        c = bc.Consumer("drops", with_indices=True)
-        got = [(labels.tolist(), indices.tolist()) for (_, labels), indices in c]
+        c = bc.Consumer("drops")
+        got = [(labels.tolist(), indices.tolist()) for (_, labels), indices in c.with_indices()]
         c.close()
     assert got[0] == ([1, 2, 3], [0, 1, 2]), "positions in the epoch, not dataset indices"
     assert "has 3 samples, but its batch sampler named 4 indices" in caplog.text
 
 
 def test_bad_transform_arguments_are_refused(runtime_dir):
-    with pytest.raises(ValueError, match="seed= and transform_threads= are for a transform"):
-        bc.Consumer("nobody", seed=1, timeout=0.1)
-    with pytest.raises(TypeError, match="transform must be a function of one sample, not int"):
-        bc.Consumer("nobody", transform=3, timeout=0.1)
-    with pytest.raises(ValueError, match="transform_threads must be an int >= 0"):
-        bc.Consumer("nobody", transform=noisy, transform_threads=-1, timeout=0.1)
-    with pytest.raises(TypeError, match="seed must be an int"):
-        bc.Consumer("nobody", transform=noisy, seed="7", timeout=0.1)
+    with pytest.raises(TypeError, match="transform must be a function of one sample or a batchcast.Augment, "
+                       "not int"):
+        bc.Consumer("nobody", timeout=0.1, transform=3)
+    with pytest.raises(TypeError, match="Augment takes a function of one sample, not int"):
+        bc.Augment(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Augment's threads must be an int >= 0"):
+        bc.Augment(noisy, threads=-1)
+    with pytest.raises(TypeError, match="Augment's seed must be an int"):
+        bc.Augment(noisy, seed="7")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):  # the old spelling
+        bc.Consumer("nobody", seed=1, timeout=0.1)  # type: ignore[call-arg]
 
 
 @pytest.mark.filterwarnings("ignore::batchcast.ResumeWarning")
@@ -328,8 +332,13 @@ def test_a_state_names_its_seed_and_refuses_another(runtime_dir):
         c.close()
         assert isinstance(state["seed"], int)
         with pytest.raises(ValueError, match="seed="):
-            bc.Consumer("seeded", batch_size=5, transform=noisy, seed=state["seed"] + 1, state=state)
-        again = bc.Consumer("seeded", batch_size=5, transform=noisy, state=state)  # takes the saved seed
+            bc.Consumer(
+                "seeded",
+                batch_size=5,
+                state=state,
+                transform=bc.Augment(noisy, seed=state["seed"] + 1),
+            )
+        again = bc.Consumer("seeded", batch_size=5, state=state, transform=noisy)  # takes the saved seed
         assert again._transform is not None and again._transform.seed == state["seed"]
         again.close()
 
@@ -356,8 +365,13 @@ def test_gpu_batches_are_transformed_on_the_gpu_as_the_cpu_would(runtime_dir):
                 got[key][i] = n
 
     with bc.Producer(loader(), "gpuaug", device="cuda:0", epochs=1, min_consumers=2):
-        on_gpu = bc.Consumer("gpuaug", batch_size=6, transform=noisy_anywhere, seed=4, transform_threads=2)
-        on_host = bc.Consumer("gpuaug", batch_size=9, transform=noisy_anywhere, seed=4, device="cpu")
+        on_gpu = bc.Consumer("gpuaug", batch_size=6, transform=bc.Augment(noisy_anywhere, seed=4, threads=2))
+        on_host = bc.Consumer(
+            "gpuaug",
+            batch_size=9,
+            device="cpu",
+            transform=bc.Augment(noisy_anywhere, seed=4),
+        )
         worker = threading.Thread(target=take, args=(on_host, "cpu"))
         worker.start()
         take(on_gpu, "gpu")

@@ -130,9 +130,7 @@ def consume(args: argparse.Namespace) -> None:
     import warnings
 
     signals = count_signals(signal.SIGUSR1) if args.count_signals else None
-    group = {}
-    if args.group:
-        group = {"group": args.group, "rank": args.rank, "world_size": args.world}
+    group = bc.Group(args.group, args.rank, args.world) if args.group else None
     state = None
     if args.state:
         with open(args.state) as f:
@@ -143,10 +141,16 @@ def consume(args: argparse.Namespace) -> None:
             seen_warnings.append(f"{category.__name__}: {message}")
 
         warnings.showwarning = show
-    consumer = bc.Consumer(args.name, batch_size=args.batch_size or None, drop_last=args.drop_last,
-                           timeout=args.timeout, device=args.device or None,
-                           late_join=args.late_join or ("catch_up" if args.catch_up else "next_epoch"),
-                           state=state, writable=args.writable, **group)
+    consumer = bc.Consumer(
+        args.name,
+        batch_size=args.batch_size or None,
+        drop_last=args.drop_last,
+        timeout=args.timeout,
+        device=bc.Placement(args.device or None, writable=args.writable),
+        state=state,
+        group=group,
+        join=args.late_join or ("catch_up" if args.catch_up else "next_epoch"),
+    )
     result = {"len": None, "epochs": [], "sizes": [], "error": None, "pid": os.getpid(),
               "max_wait": 0.0}
     kept = []  # --keep: a user who stores batches instead of clones of them
@@ -270,7 +274,8 @@ def main() -> None:
     parser.add_argument("--device", default="", help="producer: where the ring is; consumer: where batches go")
     parser.add_argument("--ring-bytes", type=int, default=0)
     parser.add_argument("--write-in-place", action="store_true")
-    parser.add_argument("--writable", action="store_true", help="consumer: Consumer(writable=True)")
+    parser.add_argument("--writable", action="store_true",
+                        help="consumer: Consumer(device=bc.Placement(writable=True))")
     parser.add_argument("--ready", default="", help="file to create once joined (producer: serving)")
     parser.add_argument("--ready-after", type=int, default=0,
                         help="consumer: create --ready once this many batches arrived instead")
@@ -280,7 +285,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--catch-up", action="store_true")
     parser.add_argument("--late-join", default="", choices=["", "now", "next_epoch", "catch_up"],
-                        help="consumer: Consumer(late_join=...); default next_epoch (or --catch-up)")
+                        help="consumer: Consumer(join=...); default next_epoch (or --catch-up)")
     parser.add_argument("--save-after", type=int, default=0,
                         help="consumer: after this many samples, save state_dict() to --save-state "
                              "and stop")

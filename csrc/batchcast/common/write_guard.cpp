@@ -27,7 +27,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
           "\nbatchcast: a batch tensor was written in place (the Python traceback names the "
           "line). Batches are read-only views of memory shared with other training processes: "
           "use out-of-place ops (x = x / 255), write into x.clone(), or receive private copies "
-          "you may modify with Consumer(..., writable=True).\n";
+          "you may modify with Consumer(..., device=bc.Placement(writable=True)).\n";
       [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
       break;
     }

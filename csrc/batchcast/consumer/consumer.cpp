@@ -39,6 +39,10 @@ ConsumerOptions checked(ConsumerOptions o) {
     throw InvalidArgument("writable=True and shared_gpu_views=True ask for opposite things: batches you may "
                           "modify (private copies), and views of GPU memory every consumer shares; pass one");
   }
+  if ((o.pad_every || !o.pad_leaves.empty()) && !o.batch_size) {
+    throw InvalidArgument("padding re-pads samples that one batch joins from several loader batches: it needs "
+                          "a batch_size");
+  }
   if (o.resume_epoch < -1 || o.resume_position < 0 || o.resume_offset < 0) {
     throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume), resume_position and resume_offset >= 0");
   }
@@ -63,6 +67,7 @@ std::optional<GroupRank> group_of(const ConsumerOptions& o) {
 Consumer::Consumer(ConsumerOptions options)
     : options_(checked(std::move(options))),
       rebatcher_(options_.batch_size, options_.drop_last, group_of(options_)) {
+  rebatcher_.set_padding(Padding{options_.pad_leaves, options_.pad_every, options_.pad_multiple_of});
   const std::string endpoint = endpoint_for(runtime_dir(options_.runtime_dir), options_.name);
   ChannelOptions channel;
   channel.name = options_.name;
@@ -325,7 +330,8 @@ std::optional<ViewBatch> Consumer::past_end() {
       who + " has served every epoch it was asked to (" + served + ") and ended, and this consumer asked for "
       "epoch " + std::to_string(epoch_) + " (" + mine + "). Serve as many epochs as the trainers take "
       "(Producer(..., epochs=None) serves until stopped; batchcast serve --epochs N), or iterate this "
-      "consumer fewer times; Consumer(..., past_last_epoch='empty') gives empty epochs instead of this error");
+      "consumer fewer times; Consumer(..., join=bc.Join(past_last_epoch='empty')) gives empty epochs "
+      "instead of this error");
 }
 
 std::optional<Batch> Consumer::next() {
@@ -523,7 +529,7 @@ void Consumer::say_what_it_waits_for(double waited) {
     text = who + " waits for epoch " + std::to_string(epoch_) + " to begin: it joined while the producer served epoch " +
            std::to_string(joined_.producer_epoch) + ", and a consumer joining mid-epoch starts at the next one" +
            (options_.catch_up ? " (that epoch's first batches were no longer retained to catch up on)"
-                              : " (late_join='catch_up' takes the current epoch while its first batches are retained)");
+                              : " (join='catch_up' takes the current epoch while its first batches are retained)");
   } else {
     text = who + " waits for the first batch of epoch " + std::to_string(epoch_) +
            " (the producer's loader is starting, or slow; `batchcast status " + options_.name + "` shows it)";

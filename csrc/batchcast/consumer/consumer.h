@@ -1,7 +1,8 @@
 // The consumer: joins a producer by name and yields batches of its own size,
 // epoch by epoch. A short coordinator over the Channel (consumer/channel.h:
 // the connection and the mapped ring) and the Rebatcher. Usable from C++
-// alone; the Python Consumer is a thin adapter over it.
+// alone. The Python Consumer (python/batchcast/consumer.py) adds what is
+// Python's: the option objects, DataLoader conventions, transforms, state.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +92,13 @@ enum class Placement {
   /* consumer on that GPU shares and none may modify (CUDA IPC maps it writable:    */    \
   /* nothing stops an in-place op). Without it, each batch is a private copy on     */    \
   /* the GPU, made on the current stream.                                           */    \
-  X(bool, shared_gpu_views, false)
+  X(bool, shared_gpu_views, false)                                                         \
+  /* Re-padding, where one batch joins samples of loader batches padded to      */        \
+  /* different lengths: each named leaf's pad value (Padding), one for every     */        \
+  /* other tensor leaf, and the multiple padded dimensions are rounded up to.   */        \
+  X(PadLeaves, pad_leaves, {})                                                             \
+  X(std::optional<double>, pad_every, std::nullopt)                                        \
+  X(int64_t, pad_multiple_of, 1)
 
 struct ConsumerOptions {
   BATCHCAST_FIELDS(BATCHCAST_CONSUMER_OPTIONS)
@@ -182,7 +189,6 @@ class Consumer {
   bool finished() const { return life_.finished(); }
   // How samples of variable length are joined (rebatcher.h); before the first
   // batch. Throws InvalidArgument (a leaf it names is checked at the first batch).
-  void set_padding(Padding padding) { rebatcher_.set_padding(std::move(padding)); }
 
   int64_t samples_per_epoch() const;  // -1 while unknown
   int64_t batches_per_epoch() const;  // -1 while unknown

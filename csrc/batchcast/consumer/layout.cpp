@@ -305,12 +305,6 @@ std::string leaf_key(const std::string& layout, std::size_t index) {
   return out + (keys.size() == 1 ? ",)" : ")");
 }
 
-std::string joined_keys(const std::vector<std::string>& keys) {
-  std::string out;
-  for (std::size_t i = 0; i < keys.size(); ++i) out += (i ? "\x1f" : "") + keys[i];
-  return out;
-}
-
 std::string leaf_path(const std::string& layout, std::size_t index) {
   std::string path;
   if (auto tree = Reader(layout).read()) {

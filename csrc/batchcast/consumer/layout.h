@@ -27,7 +27,5 @@ std::string leaf_path(const std::string& layout, std::size_t index);
 std::vector<std::string> leaf_keys(const std::string& layout, std::size_t index);
 // The same keys as a user writes them in Python: 'image', 0, ('inputs', 'ids').
 std::string leaf_key(const std::string& layout, std::size_t index);
-// Keys joined into one text, as Padding names leaves.
-std::string joined_keys(const std::vector<std::string>& keys);
 
 }  // namespace batchcast::layout

@@ -101,7 +101,7 @@ Rebatcher::Rebatcher(std::optional<int64_t> batch_size, bool drop_last, std::opt
 }
 
 void Rebatcher::set_padding(Padding padding) {
-  if (padding.multiple_of < 1) throw InvalidArgument("pad_to_multiple_of must be a positive int");
+  if (padding.multiple_of < 1) throw InvalidArgument("a pad's multiple_of must be a positive int");
   padding_ = std::move(padding);
   padded_layout_.clear();
   pad_values_.clear();
@@ -118,16 +118,16 @@ const std::vector<std::optional<double>>& Rebatcher::pad_values(const protocol::
     return pad_values_;
   }
   std::string keys;  // every leaf's, as a user writes them
-  std::map<std::string, std::size_t> leaf_of;
+  std::map<std::vector<std::string>, std::size_t> leaf_of;
   for (std::size_t j = 0; j < a.leaves.size(); ++j) {
     keys += (keys.empty() ? "" : ", ") + layout::leaf_key(a.layout, j);
-    leaf_of[layout::joined_keys(layout::leaf_keys(a.layout, j))] = j;
-    if (padding_.all && std::holds_alternative<protocol::TensorLeaf>(a.leaves[j])) values[j] = padding_.all;
+    leaf_of[layout::leaf_keys(a.layout, j)] = j;
+    if (padding_.every && std::holds_alternative<protocol::TensorLeaf>(a.leaves[j])) values[j] = padding_.every;
   }
-  for (const auto& [joined, value] : padding_.leaves) {
-    auto it = leaf_of.find(joined);
-    std::string path = joined;  // as the user named it, for the message
-    for (auto& c : path) c = c == '\x1f' ? '/' : c;
+  for (const auto& [named, value] : padding_.leaves) {
+    auto it = leaf_of.find(named);
+    std::string path;  // as the user named it, for the message
+    for (const auto& key : named) path += (path.empty() ? "" : "/") + key;
     if (it == leaf_of.end()) {
       throw InvalidArgument("pad names " + path + ", which is not a leaf of the loader's batches (their leaves: " +
                             keys + "); name a leaf by its key in the batch's dict, or by a tuple of keys for "

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batchcast/common/batch.h"
@@ -94,13 +95,16 @@ struct RebatchStats {
 // dimension they differ in to the largest among its samples (rounded up to a
 // multiple of `multiple_of`), with the leaf's pad value. Samples keep their
 // values; the loader's own padding inside a loader batch stays as it was.
+//
+// Each named leaf by the keys that lead to it from the batch (dict keys,
+// positions, field names, each as its text: layout::leaf_keys), with its pad
+// value: {{"input_ids"}, 0}, {{"inputs", "ids"}, 0}, {{"0"}, -1}.
+using PadLeaves = std::vector<std::pair<std::vector<std::string>, double>>;
 struct Padding {
-  // By the keys that lead to the leaf (dict keys, positions, field names as
-  // text; layout::joined_keys): {"input_ids"}, {"inputs", "ids"}, {"0"}.
-  std::map<std::string, double> leaves;
-  std::optional<double> all;  // for every leaf not named
+  PadLeaves leaves;
+  std::optional<double> every;  // for every leaf not named
   int64_t multiple_of = 1;
-  bool any() const { return all.has_value() || !leaves.empty(); }
+  bool any() const { return every.has_value() || !leaves.empty(); }
 };
 
 // A rank of a consumer group: of each `world` * batch_size consecutive

@@ -468,11 +468,12 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease, bool
   // is done, so nothing else is written over what is being copied.
   struct Unused {
     Producer* p;
-    std::optional<uint64_t> seq;
+    bool unused;
+    uint64_t seq;
     ~Unused() {
-      if (seq) p->return_lease(*seq);
+      if (unused) p->return_lease(seq);
     }
-  } unused{this, leased ? std::nullopt : lease};
+  } unused{this, lease.has_value() && !leased.has_value(), lease.value_or(0)};
   RingSlot slot = leased ? std::move(*leased) : reserve(layout, batch, waited);
   struct Done {  // whatever happens below, close() may go on afterwards
     Producer* p;

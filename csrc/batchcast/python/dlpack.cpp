@@ -125,6 +125,12 @@ const Torch& torch_module() {
   return *torch;
 }
 
+}  // namespace
+
+const char* crossing() { return torch_module().exchange != nullptr ? "exchange" : "capsules"; }
+
+namespace {
+
 // What torch takes over: what keeps the memory alive (a core tensor, or the
 // ring slots of a view) and the shape and strides the DLTensor points to, in
 // a managed tensor of either version. One allocation: the shape and strides

@@ -23,5 +23,9 @@ pybind11::object tensor_to_python(Tensor tensor);
 // A torch.Tensor over a view of the ring (no copy, no core tensor in
 // between); it holds the view's slots until torch frees it.
 pybind11::object view_to_python(RingView view);
+// How tensors cross: "exchange" (torch's C exchange API, no Python call per
+// tensor: torch 2.10 and later) or "capsules" (torch.utils.dlpack: a torch
+// without that API, or BATCHCAST_DLPACK_CAPSULES set).
+const char* crossing();
 
 }  // namespace batchcast::python

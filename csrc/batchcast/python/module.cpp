@@ -98,6 +98,7 @@ struct PyType {
     else if constexpr (std::is_floating_point_v<T>) return "float";
     else if constexpr (std::is_same_v<T, Placement>) return "Placement";
     else if constexpr (std::is_same_v<T, MappedRing::ReleaseAfter>) return "ReleaseAfter";
+    else if constexpr (std::is_same_v<T, PadLeaves>) return "list[tuple[list[str], float]]";
     else static_assert(sizeof(T) == 0, "an option of a type the binding cannot name");
   }
 };
@@ -339,6 +340,9 @@ PYBIND11_MODULE(_C, m) {
       .value("WARNING", Report::Level::Warning);
 
   m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
+  m.def("tensor_crossing", &python::crossing,
+        "How tensors cross the binding: 'exchange' (torch's DLPack C exchange API) or 'capsules' "
+        "(torch.utils.dlpack: a torch without it, or BATCHCAST_DLPACK_CAPSULES set)");
   m.def("exit_with_process", &exit_with_process, py::arg("pid"), py::arg("code") = 1,
         "Ends this process (_exit(code)) once process `pid` has exited (a thread waits for it)");
   m.def("cuda_device_count", &cuda::device_count, "GPUs visible to this process (0 without a driver)");
@@ -375,7 +379,10 @@ PYBIND11_MODULE(_C, m) {
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
               std::optional<uint64_t> lease, bool in_place, std::optional<std::vector<int64_t>> indices) {
-             Batch batch{0, samples, layout, leaves_from_python(leaves)};
+             Batch batch;
+             batch.samples = samples;
+             batch.layout = layout;
+             batch.leaves = leaves_from_python(leaves);
              if (indices) batch.indices = std::move(*indices);
              // Seconds spent waiting for ring space.
              return released(b, [&](Producer& p) { return p.publish(batch, lease, in_place); });
@@ -476,14 +483,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("own_samples_per_epoch",
                              [](BoundConsumer& b) { return b.live().own_samples_per_epoch(); })
       .def_property_readonly("batches_per_epoch", [](BoundConsumer& b) { return b.live().batches_per_epoch(); })
-      .def("set_padding",
-           [](BoundConsumer& b, std::map<std::string, double> leaves, std::optional<double> all,
-              int64_t multiple_of) {
-             b.live().set_padding(Padding{std::move(leaves), all, multiple_of});
-           },
-           py::arg("leaves"), py::arg("all") = py::none(), py::arg("multiple_of") = 1,
-           "How leaves of samples of variable length are padded when one batch joins loader batches "
-           "(leaves: joined keys -> pad value)")
       .def("position", [](BoundConsumer& b) { return b.live().position(); },
            "(epoch, stream position of the first sample not taken yet), to resume from")
       .def("stats",

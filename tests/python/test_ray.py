@@ -187,6 +187,7 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
     node's producer is mid-epoch starts at once with epochs of its own, and
     the loader's workers write its batches into the ring."""
     import batchcast.ray as bcr
+    from batchcast import Group
     from ray_workers import Progress, trial
 
     a = cluster.workers[0].node_id
@@ -202,7 +203,7 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
             "door", SAMPLES, 4, 7, 1, workers=2)
         ranks = [trial.options(scheduling_strategy=on(a)).remote(
             "door", SAMPLES, 4, 6, 1, workers=2,
-            consumer_options={"group": "g", "rank": r, "world_size": 2}) for r in range(2)]
+            consumer_options={"group": Group("g", r, 2)}) for r in range(2)]
         eventually(lambda: len(bcr.producers("door")[0]["stats"]["consumers"]) == 4,
                    "the late trial and a group of two to join", 120)
         progress.open.remote()

@@ -468,10 +468,10 @@ double Producer::publish(const Batch& batch, std::optional<uint64_t> lease, bool
   // is done, so nothing else is written over what is being copied.
   struct Unused {
     Producer* p;
-    bool unused;
+    bool give_back;
     uint64_t seq;
     ~Unused() {
-      if (unused) p->return_lease(seq);
+      if (give_back) p->return_lease(seq);
     }
   } unused{this, lease.has_value() && !leased.has_value(), lease.value_or(0)};
   RingSlot slot = leased ? std::move(*leased) : reserve(layout, batch, waited);

@@ -1,9 +1,11 @@
 // The join plan, in-process: seeded random joins (now, at an epoch's start,
-// as groups), leaves and resumes over epochs, with and without drop_last,
+// catching up, as groups), leaves and resumes (plain and begun mid-epoch,
+// into the epoch in progress or the one that ended last, with the producer
+// still holding the batches or not) over epochs, with and without drop_last,
 // repeated samples and a last epoch, checked against a model of what every
 // trainer must see — each of its own epochs the whole epoch, each sample as
-// often as the loader has it, in positions without gaps — and the errors for
-// what cannot be served.
+// often as the loader has it, in positions without gaps — and of where each
+// newcomer must start; and the errors for what cannot be served.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,7 +49,14 @@ struct Scenario {
   int64_t distinct, repeats, batch;
   bool drop_last;
   int64_t epochs;  // -1: until stopped (the model runs 6)
+  int64_t window;  // catch_up_window
 };
+
+// A `held` for start() that must not be asked.
+bool never_asked(const Replay& r) {
+  ADD_FAILURE() << "start() asked whether epoch " << r.epoch << " from sample " << r.position << " is held";
+  return false;
+}
 
 // Runs one seeded scenario; returns the whole epochs of their own that trainers
 // joined mid-epoch got (checked each).
@@ -58,7 +67,14 @@ int64_t run(uint32_t seed, const Scenario& sc) {
   const int64_t spe = sc.drop_last ? n / sc.batch * sc.batch : n;
   const int64_t bpe = (spe + sc.batch - 1) / sc.batch;
   const int64_t epochs = sc.epochs < 0 ? 6 : sc.epochs;
-  JoinPlan plan(JoinPlanOptions{true, spe, bpe, sc.epochs});
+  JoinPlanOptions options;
+  options.join_any_time = true;
+  options.samples_per_epoch = spe;
+  options.batches_per_epoch = bpe;
+  options.epochs = sc.epochs;
+  options.catch_up_window = sc.window;
+  JoinPlan plan(options);
+  std::map<int64_t, std::vector<int64_t>> steered_at;  // producer epoch -> the positions it was steered by
   std::vector<Trainer> trainers;
   std::vector<Trainer> resumable;  // left mid-way through an epoch of their own begun mid-epoch
   std::map<int64_t, std::vector<int64_t>> epoch_samples;  // producer epoch -> its first spe samples, sorted
@@ -66,6 +82,8 @@ int64_t run(uint32_t seed, const Scenario& sc) {
   int64_t checked_mid = 0;
   std::vector<int64_t> last;
   const std::string where = "seed " + std::to_string(seed);
+  using History = std::vector<std::pair<int64_t, std::vector<int64_t>>>;  // an epoch's batches (position, samples)
+  History history, ended;  // the epoch in progress's, the last ended one's
 
   // A framed batch (or part of one) to a trainer: continues its epoch without gaps.
   auto feed = [&](Trainer& t, const Framed& f, const std::vector<int64_t>& samples) {
@@ -96,6 +114,29 @@ int64_t run(uint32_t seed, const Scenario& sc) {
     }
   };
 
+  // The replay a start gave: the batches of its epoch from the one holding
+  // its position through `through`, framed in the trainer's epochs.
+  auto replay_to = [&](Trainer& t, const Replay& r, int64_t e) {
+    const History& h = r.epoch == e ? history : ended;
+    ASSERT_TRUE(r.epoch == e || r.epoch == e - 1) << where;
+    ASSERT_EQ(r.through, static_cast<int64_t>(h.size())) << where << ": a replay through every batch served";
+    for (int64_t k = 0; k < r.through; ++k) {
+      const auto& [p, samples] = h[k];
+      if (p + static_cast<int64_t>(samples.size()) <= r.position) continue;
+      const Framed f = plan.frame(t.frame, r.epoch, k, p, static_cast<int64_t>(samples.size()));
+      if (!f.in_epochs) continue;  // past its last epoch
+      feed(t, f, samples);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    if (!r.with_end) return;  // the end of a whole-epoch trainer's epoch, as the producer's
+    ASSERT_EQ(t.frame.offset, 0) << where;
+    ASSERT_EQ(sorted(t.own), epoch_samples.at(r.epoch)) << where;
+    t.own.clear();
+    t.next_index = 0;
+    t.own_epoch += 1;
+    t.whole += 1;
+  };
+
   for (int64_t e = 0; e < epochs; ++e) {
     std::vector<int64_t> present;
     for (const Trainer& t : trainers) {
@@ -105,6 +146,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
     present.erase(std::unique(present.begin(), present.end()), present.end());
     const std::vector<int64_t> steered = plan.steer(e);
     EXPECT_EQ(steered, present) << where;
+    steered_at[e] = steered;
 
     // The loader's fresh order: `repeats` permutations of the distinct samples.
     std::vector<int64_t> fresh;
@@ -134,32 +176,46 @@ int64_t run(uint32_t seed, const Scenario& sc) {
     epoch_samples[e] = sorted(slice(order, 0, spe));
     plan.on_epoch_begin(e);
 
-    std::vector<std::pair<int64_t, std::vector<int64_t>>> history;  // this epoch's batches (position, samples)
+    history.clear();
     for (int64_t k = 0; k < bpe; ++k) {
       const int64_t pos = k * sc.batch;
       // ---- joins ----
       if (chance(0.25)) {
-        std::string why;
-        std::optional<Frame> now = plan.join_now(why);
-        EXPECT_TRUE(why.empty()) << where;
-        const bool can = k > 0 && (sc.epochs < 0 || e + 1 < sc.epochs);
-        EXPECT_EQ(now.has_value(), can) << where << " epoch " << e << " batch " << k;
+        StartRequest ask;
+        ask.catch_up = chance(0.3);
+        ask.join_now = chance(0.7);
+        std::optional<Replay> asked;
+        const StartPoint p = plan.start(ask, [&](const Replay& r) {
+          asked = r;
+          return true;
+        });
+        EXPECT_TRUE(p.why_not_now.empty()) << where;
+        EXPECT_EQ(p.resumed, StartPoint::Resumed::No);
         Trainer t;
-        if (now) {
-          EXPECT_EQ(now->first_epoch, e);
-          EXPECT_EQ(now->offset, pos);
-          EXPECT_EQ(now->offset_index, k);
-          EXPECT_EQ(now->last_epoch, sc.epochs < 0 ? std::numeric_limits<int64_t>::max() : sc.epochs - 2);
-          t.frame = *now;
+        t.frame = p.frame;
+        const bool catching = ask.catch_up && k > 0;
+        const bool now = !catching && ask.join_now && k > 0 && (sc.epochs < 0 || e + 1 < sc.epochs);
+        EXPECT_EQ(p.caught_up_too_late, catching && k > sc.window) << where;
+        if (catching && k <= sc.window) {  // the epoch in progress, from its start
+          EXPECT_EQ(p.frame, (Frame{e, 0, 0})) << where;
+          EXPECT_EQ(p.replay, (Replay{e, 0, k, false})) << where;
+          EXPECT_EQ(asked, p.replay) << where;
+        } else if (now) {
+          EXPECT_FALSE(p.replay) << where;
+          EXPECT_EQ(p.frame.first_epoch, e);
+          EXPECT_EQ(p.frame.offset, pos);
+          EXPECT_EQ(p.frame.offset_index, k);
+          EXPECT_EQ(p.frame.last_epoch, sc.epochs < 0 ? std::numeric_limits<int64_t>::max() : sc.epochs - 2);
         } else {
-          t.frame = plan.next_epoch_frame();
-          EXPECT_EQ(t.frame.first_epoch, k == 0 ? e : e + 1) << where;
-          EXPECT_EQ(t.frame.offset, 0);
+          EXPECT_FALSE(p.replay) << where;
+          EXPECT_EQ(p.frame, (Frame{k == 0 ? e : e + 1, 0, 0})) << where;
         }
         t.own_epoch = t.frame.first_epoch;
         const int ranks = chance(0.3) ? 2 + static_cast<int>(rng() % 2) : 1;
         for (int r = 0; r < ranks; ++r) t.ids.push_back(next_id++);
         for (uint64_t id : t.ids) plan.joined(id, t.frame);
+        if (p.replay) replay_to(t, *p.replay, e);
+        if (::testing::Test::HasFatalFailure()) return checked_mid;
         trainers.push_back(t);
       }
       // ---- leaves (a group's rank going ends the group) ----
@@ -168,32 +224,68 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         t.active = false;
         plan.left(t.ids[chance(0.5) ? 0 : t.ids.size() - 1]);
         for (uint64_t id : t.ids) plan.left(id);
-        if (t.frame.offset > 0 && !t.own.empty()) resumable.push_back(t);
+        if (!t.own.empty()) resumable.push_back(t);
       }
       // ---- resumes from a saved position ----
       if (!resumable.empty() && chance(0.3)) {
         Trainer t = resumable.back();
         resumable.pop_back();
-        const ResumePoint r = plan.resume(t.own_epoch, static_cast<int64_t>(t.own.size()), t.frame.offset);
-        EXPECT_EQ(r.position, static_cast<int64_t>(t.own.size())) << where;
-        const bool not_begun = r.at_epoch == e && k == 0;
-        const bool in_this = r.at_epoch == e && k > 0;
-        if (r.possible && (not_begun || in_this || r.at_epoch == e + 1)) {
-          EXPECT_EQ(r.frame.offset, t.frame.offset) << where;
-          EXPECT_EQ(r.frame.first_epoch, t.own_epoch) << where;
-          t.frame = r.frame;
+        const int64_t q = t.frame.offset;
+        const int64_t rp = static_cast<int64_t>(t.own.size());
+        const bool still_held = chance(0.75);
+        StartRequest ask;
+        ask.resume_epoch = t.own_epoch;
+        ask.resume_position = rp;
+        ask.resume_offset = q;
+        std::optional<Replay> asked;
+        const StartPoint p = plan.start(ask, [&](const Replay& r) {
+          asked = r;
+          return still_held;
+        });
+        // Where its position lies in the producer's stream, and whether the
+        // stream can give it from there: the epoch in progress (not served
+        // yet, or held), the next one (not begun), the one that ended last
+        // (held).
+        const int64_t at_epoch = t.own_epoch + (q + rp >= spe ? 1 : 0);
+        const int64_t at = (q + rp) % spe;
+        const int64_t served = std::min(k * sc.batch, spe);
+        std::optional<Replay> want;
+        bool servable = false;
+        if (k > 0 && at_epoch == e) {
+          servable = at >= served || still_held;
+          if (at < served) want = Replay{e, at, k, false};
+        } else if (at_epoch == (k > 0 ? e + 1 : e)) {
+          servable = true;
+        } else if (k == 0 && at_epoch == e - 1) {
+          servable = still_held;
+          want = Replay{e - 1, at, bpe, q == 0};
+        }
+        // Begun mid-epoch: the order it saw kept where its epochs run on
+        // into the producer's next ones (each begun so far steered by its
+        // join position; those not begun will be).
+        bool kept = true;
+        for (int64_t x = t.own_epoch + 1; x <= e && q > 0; ++x) {
+          kept = kept && std::binary_search(steered_at[x].begin(), steered_at[x].end(), q);
+        }
+        EXPECT_EQ(asked, kept ? want : std::nullopt) << where;
+        const bool exact = kept && servable;
+        EXPECT_EQ(p.resumed, exact ? StartPoint::Resumed::Exact : StartPoint::Resumed::NextPass) << where;
+        EXPECT_EQ(p.position, rp) << where;
+        if (exact) {
+          EXPECT_EQ(p.replay, want) << where;
+          EXPECT_EQ(p.frame.first_epoch, t.own_epoch) << where;
+          EXPECT_EQ(p.frame.offset, q) << where;
+          t.frame = p.frame;
           t.active = true;
           t.next_index = -1;
           t.ids = {next_id++};
           plan.joined(t.ids[0], t.frame);
-          // What the producer still holds of this epoch from its position on (all of it, here).
-          for (const auto& [p, samples] : history) {
-            if (p + static_cast<int64_t>(samples.size()) <= r.at_position || !in_this) continue;
-            const Framed f = plan.frame(t.frame, e, p / sc.batch, p, static_cast<int64_t>(samples.size()));
-            if (f.in_epochs) feed(t, f, samples);
-            if (::testing::Test::HasFatalFailure()) return checked_mid;
-          }
+          if (p.replay) replay_to(t, *p.replay, e);
+          if (::testing::Test::HasFatalFailure()) return checked_mid;
           trainers.push_back(t);
+        } else {  // the next pass, with the producer's epochs
+          EXPECT_FALSE(p.replay) << where;
+          EXPECT_EQ(p.frame, plan.next_epoch_frame()) << where;
         }
       }
       // ---- the batch ----
@@ -212,6 +304,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
       }
     }
     EXPECT_EQ(plan.on_epoch_end(e, spe, bpe), "") << where;
+    ended = history;
     for (Trainer& t : trainers) {  // the producer's end is the end of whole-epoch trainers' epochs
       if (!t.active || t.frame.offset != 0 || t.own_epoch != e) continue;
       EXPECT_EQ(sorted(t.own), epoch_samples.at(e)) << where;
@@ -243,10 +336,11 @@ TEST(JoinPlan, RandomJoinsLeavesGroupsAndResumesKeepEveryEpochOfEveryTrainerWhol
     sc.drop_last = pick() % 2 == 0;
     sc.epochs = pick() % 3 == 0 ? 2 + static_cast<int64_t>(pick() % 4) : -1;
     if (sc.distinct * sc.repeats < sc.batch) sc.batch = 1;
+    sc.window = static_cast<int64_t>(pick() % 6);
     checked += run(seed, sc);
     if (HasFailure()) {
       FAIL() << "seed " << seed << ": " << sc.distinct << "x" << sc.repeats << " samples, batch " << sc.batch
-             << (sc.drop_last ? ", drop_last" : "") << ", epochs " << sc.epochs;
+             << (sc.drop_last ? ", drop_last" : "") << ", epochs " << sc.epochs << ", catch-up window " << sc.window;
     }
   }
   EXPECT_GT(checked, 300);  // the model checked many epochs of trainers joined mid-epoch
@@ -314,12 +408,14 @@ TEST(JoinPlan, WhatCannotBeServedIsAnErrorAndALoaderItCannotSteerSaysWhy) {
   EXPECT_THROW(JoinPlan(JoinPlanOptions{true, -1, 3, -1}), InvalidArgument);
   EXPECT_THROW(JoinPlan(JoinPlanOptions{false, -2, -1, -1}), InvalidArgument);
   EXPECT_THROW(JoinPlan(JoinPlanOptions{false, -1, -1, -3}), InvalidArgument);
+  EXPECT_THROW(JoinPlan(JoinPlanOptions{false, -1, -1, -1, -1}), InvalidArgument);  // catch_up_window
   JoinPlan plan(JoinPlanOptions{false, -1, -1, -1});
   plan.on_batch(0, 0, 4);
-  std::string why;
-  EXPECT_FALSE(plan.join_now(why).has_value());
-  EXPECT_NE(why.find("not its to keep"), std::string::npos);
-  EXPECT_EQ(plan.next_epoch_frame().first_epoch, 1);
+  StartRequest now;
+  now.join_now = true;
+  const StartPoint p = plan.start(now, never_asked);
+  EXPECT_EQ(p.frame, (Frame{1, 0, 0}));
+  EXPECT_NE(p.why_not_now.find("not its to keep"), std::string::npos);
   EXPECT_THROW(plan.joined(1, Frame{1, 4, 1}), std::logic_error);
   EXPECT_THROW(plan.on_batch(0, 3, 4), std::logic_error);  // not the next batch
 }
@@ -334,8 +430,9 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
     plan.steer(0);
     plan.on_epoch_begin(0);
     plan.on_batch(0, 0, 4);
-    std::string why;
-    const Frame f = plan.join_now(why).value();
+    StartRequest now;
+    now.join_now = true;
+    const Frame f = plan.start(now, never_asked).frame;
     EXPECT_EQ(f, (Frame{0, 4, 1}));
     plan.joined(1, f);
     plan.on_batch(0, 1, 4);
@@ -343,15 +440,105 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
     if (!stayed) plan.left(1);
     EXPECT_EQ(plan.steer(1), stayed ? std::vector<int64_t>{4} : std::vector<int64_t>{});
     plan.on_epoch_begin(1);
-    // Its epoch 0 at its sample 6: the producer's epoch 1 at sample 2.
-    const ResumePoint r = plan.resume(0, 6, 4);
-    EXPECT_EQ(r.at_epoch, 1);
-    EXPECT_EQ(r.at_position, 2);
-    EXPECT_EQ(r.possible, stayed);
-    if (stayed) EXPECT_EQ(r.frame, f);
-    // Its epoch 0 at its sample 2: still in the producer's epoch 0, ordered with it.
-    EXPECT_TRUE(plan.resume(0, 2, 4).possible);
+    auto resume = [&](int64_t position, int64_t offset, std::optional<Replay>& asked) {
+      StartRequest r;
+      r.resume_epoch = 0;
+      r.resume_position = position;
+      r.resume_offset = offset;
+      return plan.start(r, [&](const Replay& replay) {
+        asked = replay;
+        return true;
+      });
+    };
+    // Its epoch 0 at its sample 6: the producer's epoch 1 at sample 2, not begun.
+    std::optional<Replay> asked;
+    const StartPoint later = resume(6, 4, asked);
+    EXPECT_FALSE(asked);
+    EXPECT_EQ(later.resumed, stayed ? StartPoint::Resumed::Exact : StartPoint::Resumed::NextPass);
+    EXPECT_EQ(later.position, 6);
+    EXPECT_EQ(later.frame, (stayed ? f : Frame{1, 0, 0}));
+    // Its epoch 0 at its sample 2: the producer's epoch 0 (ended) at sample 6,
+    // its rest held; but it runs on into epoch 1, ordered without its block
+    // if it had left.
+    const StartPoint ended = resume(2, 4, asked);
+    EXPECT_EQ(ended.resumed, stayed ? StartPoint::Resumed::Exact : StartPoint::Resumed::NextPass);
+    if (stayed) {
+      EXPECT_EQ(asked, (Replay{0, 6, 2, false}));
+      EXPECT_EQ(ended.replay, asked);
+    } else {
+      EXPECT_FALSE(asked);
+      EXPECT_FALSE(ended.replay);
+    }
     // Not where a loader batch begins: never exact.
-    EXPECT_FALSE(plan.resume(0, 2, 3).possible);
+    asked.reset();
+    EXPECT_EQ(resume(2, 3, asked).resumed, StartPoint::Resumed::NextPass);
+    EXPECT_FALSE(asked);
   }
+}
+
+// A plain resume (its epochs the producer's): the epoch in progress from its
+// position (held, or not served yet), the one that ended last (held, with its
+// end), else the same positions of the next pass.
+TEST(JoinPlan, APlainResumeIsExactWhileTheStreamStillHasItsPosition) {
+  JoinPlanOptions o;
+  o.catch_up_window = 1;
+  JoinPlan plan(o);
+  plan.steer(0);
+  plan.on_epoch_begin(0);
+  plan.on_batch(0, 0, 4);
+  plan.on_batch(0, 1, 4);
+  auto resume = [&](int64_t epoch, int64_t position, bool held, std::optional<Replay>& asked) {
+    StartRequest r;
+    r.resume_epoch = epoch;
+    r.resume_position = position;
+    asked.reset();
+    return plan.start(r, [&](const Replay& replay) {
+      asked = replay;
+      return held;
+    });
+  };
+  std::optional<Replay> asked;
+  StartPoint p = resume(0, 6, true, asked);
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact);
+  EXPECT_EQ(p.frame, (Frame{0, 0, 0}));
+  EXPECT_EQ(p.replay, (Replay{0, 6, 2, false}));
+  p = resume(0, 8, true, asked);  // nothing from there served yet
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact);
+  EXPECT_FALSE(asked);
+  p = resume(0, 6, false, asked);  // no longer held
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::NextPass);
+  EXPECT_EQ(p.frame, (Frame{1, 0, 0}));
+  EXPECT_EQ(p.position, 6);
+  EXPECT_FALSE(p.replay);
+  // Catching up: the epoch in progress only within the window.
+  StartRequest catching;
+  catching.catch_up = true;
+  p = plan.start(catching, never_asked);
+  EXPECT_TRUE(p.caught_up_too_late);
+  EXPECT_EQ(p.frame, (Frame{1, 0, 0}));
+
+  plan.on_batch(0, 2, 2);
+  EXPECT_EQ(plan.on_epoch_end(0, 10, 3), "");
+  p = resume(0, 9, true, asked);  // the epoch that ended: its rest and its end
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact);
+  EXPECT_EQ(p.replay, (Replay{0, 9, 3, true}));
+  p = resume(0, 10, true, asked);  // saved after its last sample: the next epoch, from its start
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact);
+  EXPECT_EQ(p.frame, (Frame{1, 0, 0}));
+  EXPECT_EQ(p.position, 0);
+  EXPECT_FALSE(asked);
+  plan.steer(1);
+  plan.on_epoch_begin(1);
+  plan.on_batch(1, 0, 4);
+  p = resume(0, 9, true, asked);  // another epoch began: the next pass
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::NextPass);
+  EXPECT_EQ(p.frame, (Frame{2, 0, 0}));
+  EXPECT_FALSE(asked);
+  p = plan.start(catching, [&](const Replay& r) {
+    asked = r;
+    return true;
+  });
+  EXPECT_FALSE(p.caught_up_too_late);
+  EXPECT_EQ(p.frame, (Frame{1, 0, 0}));
+  EXPECT_EQ(p.replay, (Replay{1, 0, 1, false}));
 }

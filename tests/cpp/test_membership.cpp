@@ -127,7 +127,7 @@ struct Harness {
 MembershipOptions with(int64_t slots, int64_t window = 0, double straggler = 0) {
   MembershipOptions o;
   o.slots = slots;
-  o.catch_up_window = window;
+  o.plan.catch_up_window = window;
   o.straggler_timeout = straggler;
   return o;
 }
@@ -678,10 +678,10 @@ namespace {
 
 MembershipOptions any_time(int64_t samples, int64_t batches, int64_t epochs = -1) {
   MembershipOptions o = with(16);
-  o.samples_per_epoch = samples;
-  o.batches_per_epoch = batches;
-  o.join_any_time = true;
-  o.epochs = epochs;
+  o.plan.samples_per_epoch = samples;
+  o.plan.batches_per_epoch = batches;
+  o.plan.join_any_time = true;
+  o.plan.epochs = epochs;
   return o;
 }
 
@@ -769,7 +769,7 @@ TEST(Membership, JoiningNowBetweenEpochsOrWithoutSteeringStartsAtTheNextEpoch) {
     EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).first_position, 0) << peer;
   }
   MembershipOptions fixed = any_time(12, 3);
-  fixed.join_any_time = false;  // an order the producer cannot steer
+  fixed.plan.join_any_time = false;  // an order the producer cannot steer
   Harness g(fixed);
   g.hello("whole", 10);
   g.begin(0);

@@ -9,9 +9,7 @@
 
 namespace batchcast {
 
-namespace {
-
-JoinPlanOptions checked(JoinPlanOptions options) {
+JoinPlanOptions JoinPlan::checked(JoinPlanOptions options) {
   if (options.samples_per_epoch < -1 || options.batches_per_epoch < -1) {
     throw InvalidArgument("samples_per_epoch and batches_per_epoch must be >= 0 (or -1: unknown)");
   }
@@ -20,10 +18,9 @@ JoinPlanOptions checked(JoinPlanOptions options) {
     throw InvalidArgument("join_any_time needs samples_per_epoch and batches_per_epoch (a consumer's "
                           "epochs are that many samples from where it joined)");
   }
+  if (options.catch_up_window < 0) throw InvalidArgument("catch_up_window must be >= 0");
   return options;
 }
-
-}  // namespace
 
 JoinPlan::JoinPlan(JoinPlanOptions options) : options_(checked(options)) {}
 
@@ -57,6 +54,7 @@ int64_t JoinPlan::on_batch(int64_t epoch, int64_t index, int64_t samples) {
 
 std::string JoinPlan::on_epoch_end(int64_t epoch, int64_t samples, int64_t batches) {
   epoch_ = -1;  // no epoch in progress: every newcomer gets the next
+  last_ended_ = Ended{epoch, samples, batches};
   batches_ = 0;
   samples_ = 0;
   next_epoch_ = std::max(next_epoch_, epoch + 1);
@@ -71,7 +69,73 @@ std::string JoinPlan::on_epoch_end(int64_t epoch, int64_t samples, int64_t batch
 
 // ---- newcomers -----------------------------------------------------------------
 
-Frame JoinPlan::next_epoch_frame() const { return Frame{next_epoch_, 0, 0}; }
+StartPoint JoinPlan::start(const StartRequest& request, const std::function<bool(const Replay&)>& held) const {
+  StartPoint s;
+  s.frame = next_epoch_frame();
+  if (request.resume_epoch >= 0 && request.resume_offset > 0) {
+    // An epoch of its own begun mid-epoch: exact where its order is kept and
+    // the stream still has it from its position on.
+    const ResumePoint r = resume_framed(request.resume_epoch, request.resume_position, request.resume_offset);
+    if (r.possible && servable(r.at_epoch, r.at_position, /*own_end=*/false, s.replay, held)) {
+      s.frame = r.frame;
+      s.resumed = StartPoint::Resumed::Exact;
+      s.position = r.position;
+    } else {
+      s.replay.reset();
+      s.resumed = StartPoint::Resumed::NextPass;
+      s.position = request.resume_position;
+    }
+    return s;
+  }
+  if (request.resume_epoch >= 0) {
+    int64_t e = request.resume_epoch;
+    int64_t pos = request.resume_position;
+    if (last_ended_ && e == last_ended_->epoch && pos >= last_ended_->samples) {
+      e += 1;  // saved after the last sample of an epoch that ended: the next one
+      pos = 0;
+    }
+    s.position = pos;
+    if (servable(e, pos, /*own_end=*/true, s.replay, held)) {
+      s.frame.first_epoch = e;
+      s.resumed = StartPoint::Resumed::Exact;
+    } else {
+      s.replay.reset();
+      s.resumed = StartPoint::Resumed::NextPass;
+    }
+    return s;
+  }
+  if (request.catch_up && epoch_ >= 0) {
+    const Replay whole{epoch_, 0, batches_, false};
+    if (batches_ <= options_.catch_up_window && held(whole)) {
+      s.frame.first_epoch = epoch_;
+      s.replay = whole;
+    } else {
+      s.caught_up_too_late = true;
+    }
+  } else if (request.join_now) {
+    if (auto now = join_now(s.why_not_now)) s.frame = *now;
+  }
+  return s;
+}
+
+// Sample `position` of the producer's epoch `epoch` on: the epoch in
+// progress from there (held, or not served yet), the next one (not begun), or
+// the rest of the epoch that ended last (held; with its end, if that is the
+// trainer's own).
+bool JoinPlan::servable(int64_t epoch, int64_t position, bool own_end, std::optional<Replay>& replay,
+                        const std::function<bool(const Replay&)>& held) const {
+  if (epoch_ >= 0 && epoch == epoch_) {
+    if (position >= samples_) return true;  // nothing from there was served yet
+    replay = Replay{epoch, position, batches_, false};
+  } else if (epoch == next_epoch_) {
+    return true;  // not begun: served from its start
+  } else if (epoch_ < 0 && last_ended_ && epoch == last_ended_->epoch) {
+    replay = Replay{epoch, position, last_ended_->batches, own_end};
+  } else {
+    return false;
+  }
+  return held(*replay);
+}
 
 // Mid-epoch, joining now: it starts with the next batch, its epochs begin
 // where it joined. Between epochs it starts at the next, whole, as anyone.
@@ -93,10 +157,11 @@ std::optional<Frame> JoinPlan::join_now(std::string& why_not) const {
 
 // Resuming an epoch of its own that began at sample q of the producer's
 // epoch of its number: possible while the producer's epoch holding its
-// position keeps the samples before q the set they were (q is one of the
-// positions that epoch was steered by, or it has not begun: the resumed
-// trainer's q will be), and q is where a loader batch begins.
-ResumePoint JoinPlan::resume(int64_t epoch, int64_t position, int64_t offset) const {
+// position keeps the samples before q the set they were, and so does every
+// epoch after it already begun (q is one of the positions each was steered
+// by; those not begun will be: the resumed trainer's q is present), and q is
+// where a loader batch begins.
+JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, int64_t offset) const {
   const int64_t whole = options_.samples_per_epoch;
   const int64_t q = offset;
   ResumePoint r;
@@ -112,11 +177,18 @@ ResumePoint JoinPlan::resume(int64_t epoch, int64_t position, int64_t offset) co
     r.at_epoch += 1;
     r.at_position -= whole;
   }
-  if (q <= 0) throw std::logic_error("join plan: resume() is for epochs begun mid-epoch (offset > 0)");
+  if (q <= 0) throw std::logic_error("join plan: resume_framed() is for epochs begun mid-epoch (offset > 0)");
   const int64_t per_batch = loader_batch_samples_;
   const bool batch_boundary = per_batch > 0 && q < whole && q % per_batch == 0;
-  const bool order_kept = r.at_epoch == e || steered_epoch_ < r.at_epoch ||
-                          (steered_epoch_ == r.at_epoch && std::binary_search(steered_.begin(), steered_.end(), q));
+  // Its epochs from e on run into the producer's after e: each of those
+  // steered already must have kept the samples before q (the later ones
+  // will: it takes part again).
+  bool order_kept = true;
+  for (int64_t x = e + 1; x <= steered_epoch_ && order_kept; ++x) {
+    const auto steered = steered_by_epoch_.find(x);
+    order_kept = steered != steered_by_epoch_.end() &&
+                 std::binary_search(steered->second.begin(), steered->second.end(), q);
+  }
   r.possible = options_.join_any_time && whole > 0 && batch_boundary && order_kept;
   const int64_t last = options_.epochs >= 0 ? options_.epochs - 2 : std::numeric_limits<int64_t>::max();
   r.frame = r.possible ? Frame{e, q, q / per_batch, last} : next_epoch_frame();
@@ -144,6 +216,8 @@ std::vector<int64_t> JoinPlan::steer(int64_t epoch) {
   for (const auto& [member, offset] : joined_at_) at.insert(offset);
   steered_.assign(at.begin(), at.end());
   steered_epoch_ = epoch;
+  steered_by_epoch_[epoch] = steered_;
+  while (steered_by_epoch_.size() > 2) steered_by_epoch_.erase(steered_by_epoch_.begin());
   return steered_;
 }
 

@@ -12,16 +12,19 @@
 // join position goes when its last trainer leaves: its blocks merge.
 //
 // The plan follows the stream as consumers see it (on_batch, on_epoch_end)
-// and answers, once each: may a trainer start now (join_now), where a resumed
-// one's epochs lie (resume), how a loader batch looks in a trainer's own
-// epochs (frame), which epoch of its own is in progress (own_epoch), and the
-// producer's order of an epoch (steer, then order). Every call is made under
+// and answers, once each: where a newcomer starts — the next epoch, the
+// current one caught up, the next batch (joining now), a resumed epoch, plain
+// or begun mid-epoch — and which held batches it gets first (start); how a
+// loader batch looks in a trainer's own epochs (frame); which epoch of its own
+// is in progress (own_epoch); and the producer's order of an epoch (steer,
+// then order). Every call is made under
 // the producer's lock; invariants are checked where they are used and broken
 // ones throw (InvalidArgument for what a caller passed, std::logic_error for
 // the plan's own).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -37,6 +40,10 @@ struct JoinPlanOptions {
   int64_t samples_per_epoch = -1;  // -1: learned when the first epoch ends
   int64_t batches_per_epoch = -1;
   int64_t epochs = -1;             // epochs the producer serves; -1: until stopped
+  // A newcomer that asks to catch up gets the current epoch from its start
+  // while no more than this many of its batches were served (the producer
+  // retains them); later, it starts at the next epoch.
+  int64_t catch_up_window = 0;
 };
 
 // Where one trainer's epochs lie in the producer's.
@@ -60,19 +67,46 @@ struct Framed {
   std::string broken;       // not empty: the batch spans where its epochs begin (why)
 };
 
-// Where a resumed trainer continues, as the plan can say it.
-struct ResumePoint {
-  Frame frame;              // its frame from now on
-  int64_t position = 0;     // the sample position of its own epoch it continues at
-  int64_t at_epoch = 0;     // where that is in the producer's stream
-  int64_t at_position = 0;
-  bool possible = false;    // the order it saw can be kept: exact if the stream still holds it
+// What a newcomer asks for (its Hello; for a group, what every rank asked).
+struct StartRequest {
+  bool catch_up = false;        // the epoch in progress from its start (within catch_up_window)
+  bool join_now = false;        // the next batch: its epochs its own (join_any_time)
+  int64_t resume_epoch = -1;    // resuming its epoch of that number (-1: not resuming) ...
+  int64_t resume_position = 0;  // ... at this sample position of it ...
+  int64_t resume_offset = 0;    // ... an epoch of its own begun at this sample of the producer's (0: with them)
+};
+
+// Batches of the producer's stream a newcomer gets first, from what the
+// producer still holds: epoch `epoch`'s, from the one holding sample
+// `position` through its batch `through` - 1.
+struct Replay {
+  int64_t epoch = 0;
+  int64_t position = 0;
+  int64_t through = 0;
+  bool with_end = false;  // that epoch has ended, and its end is the newcomer's: send it too
+
+  bool operator==(const Replay&) const = default;
+};
+
+// Where a newcomer starts, and anything it asked for that it does not get.
+struct StartPoint {
+  enum class Resumed { No, Exact, NextPass };
+  Frame frame;
+  Resumed resumed = Resumed::No;
+  int64_t position = 0;         // resuming: the sample position of its own epoch it continues at
+                                // (next pass: of its first epoch)
+  std::optional<Replay> replay;  // held batches it gets first (catch-up, resume)
+  bool caught_up_too_late = false;  // asked to catch up past catch_up_window: starts at the next epoch
+  std::string why_not_now;          // asked to join now where the loader's order is not the producer's
+                                    // to keep: why (it starts at the next epoch)
 };
 
 class JoinPlan {
  public:
   // Throws InvalidArgument for options that cannot be served.
   explicit JoinPlan(JoinPlanOptions options);
+  // The options as a plan takes them (InvalidArgument otherwise), without one.
+  static JoinPlanOptions checked(JoinPlanOptions options);
 
   // ---- the stream, as consumers get it ----
   void on_epoch_begin(int64_t epoch);
@@ -89,16 +123,21 @@ class JoinPlan {
   int64_t next_epoch() const { return next_epoch_; }  // the first a newcomer can take part in whole
   int64_t samples_per_epoch() const { return options_.samples_per_epoch; }
   int64_t batches_per_epoch() const { return options_.batches_per_epoch; }
+  // Whether the batch on_batch counted last is retained for catch-up joins.
+  bool retains_batch() const { return epoch_ >= 0 && batches_ <= options_.catch_up_window; }
+  int64_t catch_up_window() const { return options_.catch_up_window; }
 
-  // ---- where a newcomer's epochs lie ----
-  Frame next_epoch_frame() const;  // with the producer's, from the next epoch
-  // Starting with the next batch, its epochs from here: the frame, or none
-  // (then it starts with the next epoch); `why_not` says why, when the
-  // loader's order is not the producer's to keep (else it stays empty).
-  std::optional<Frame> join_now(std::string& why_not) const;
-  // Continuing its epoch `epoch` (of its own, begun at `offset` > 0 of the
-  // producer's epoch of that number) at its sample `position`.
-  ResumePoint resume(int64_t epoch, int64_t position, int64_t offset) const;
+  // ---- where a newcomer starts ----
+  // Every start is decided here: with nothing asked, the next epoch (the
+  // current one while its first batch has not come); catching up, the epoch
+  // in progress from its start while it is retained; joining now, the next
+  // batch; resuming, its epoch at its position where that can be served
+  // exactly — the order it saw kept, and every batch of it from the one
+  // holding its position not served yet or still held (`held` says which
+  // replays the producer can still give) — else those positions of the next
+  // pass. A replay it may get is one `held` accepted.
+  StartPoint start(const StartRequest& request, const std::function<bool(const Replay&)>& held) const;
+  Frame next_epoch_frame() const { return Frame{next_epoch_, 0, 0}; }  // with the producer's, from the next epoch
 
   // ---- the trainers present and the producer's order ----
   void joined(uint64_t member, const Frame& frame);  // takes part with that frame
@@ -119,6 +158,25 @@ class JoinPlan {
   int64_t own_epoch(const Frame& frame) const;  // its epoch in progress (or its next, between them)
 
  private:
+  // Where a resumed trainer's position lies in the stream, and whether the
+  // order it saw is kept there.
+  struct ResumePoint {
+    Frame frame;           // its frame from now on
+    int64_t position = 0;  // the sample position of its own epoch it continues at
+    int64_t at_epoch = 0;  // where that is in the producer's stream
+    int64_t at_position = 0;
+    bool possible = false;  // the order it saw is kept: exact if the stream still has it
+  };
+  std::optional<Frame> join_now(std::string& why_not) const;
+  ResumePoint resume_framed(int64_t epoch, int64_t position, int64_t offset) const;
+  // Whether the stream can still give sample `position` of epoch `epoch` on:
+  // not served yet, or (then `replay`) held.
+  bool servable(int64_t epoch, int64_t position, bool own_end, std::optional<Replay>& replay,
+                const std::function<bool(const Replay&)>& held) const;
+
+  struct Ended {
+    int64_t epoch, samples, batches;
+  };
   JoinPlanOptions options_;
   int64_t epoch_ = -1;  // in progress
   int64_t batches_ = 0;
@@ -128,7 +186,10 @@ class JoinPlan {
   std::map<uint64_t, int64_t> joined_at_;  // members present that joined mid-epoch
   std::vector<int64_t> steered_;           // the join positions the last epoch begun was ordered by
   int64_t steered_epoch_ = -1;
+  // ... and of the epoch before it (a resume into the epoch that ended last).
+  std::map<int64_t, std::vector<int64_t>> steered_by_epoch_;
   std::optional<std::vector<int64_t>> last_order_;
+  std::optional<Ended> last_ended_;  // the epoch that ended last
 };
 
 }  // namespace batchcast

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include "batchcast/common/error.h"
 
@@ -10,8 +11,7 @@ namespace batchcast {
 Membership::Membership(MembershipOptions options, SlotLedger& slots)
     : options_(std::move(options)),
       slots_(slots),
-      plan_(JoinPlanOptions{options_.join_any_time, options_.samples_per_epoch, options_.batches_per_epoch,
-                            options_.epochs}),
+      plan_(options_.plan),
       groups_(options_.name),
       holdup_(options_.name, options_.slots, options_.straggler_timeout) {}
 
@@ -127,7 +127,7 @@ void Membership::send(Actions& out, const std::string& peer, std::shared_ptr<con
 void Membership::broadcast(Actions& out, const protocol::Message& message, int64_t epoch) {
   auto bytes = std::make_shared<const std::string>(protocol::encode(message));
   for (const auto& [peer, m] : members_) {
-    if (m.leaving || (epoch >= 0 && m.frame.first_epoch > epoch)) continue;
+    if (m.leaving || (epoch >= 0 && !m.takes_part_in(epoch))) continue;
     send(out, peer, bytes);
   }
 }
@@ -256,7 +256,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
     m.frame.first_epoch = std::numeric_limits<int64_t>::max();
   } else {
     start = start_for(hello, hello.flags, out);
-    m.frame = start.frame;
+    m.frame = start.point.frame;
     plan_.joined(m.id, m.frame);
   }
   auto& member = members_.emplace(peer, m).first->second;
@@ -281,14 +281,14 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.batches_per_epoch = plan_.batches_per_epoch();
   w.slots = options_.slots;
   w.pin_budget = pin_budget();
-  w.resume = start.resume;
-  w.resume_position = start.position;
+  w.resume = start.resume();
+  w.resume_position = start.point.position;
   w.loader = options_.loader;
   constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
   w.producer_epoch = plan_.epoch_in_progress();
   w.consumers_wanted = static_cast<int32_t>(std::min(awaiting_, kMost));
   w.consumers_present = static_cast<int32_t>(std::min(active(), kMost));
-  w.first_position = start.frame.offset;
+  w.first_position = start.point.frame.offset;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
   out.sends.back().consumer_id = member.id;
@@ -318,11 +318,11 @@ void Membership::start_group(uint64_t id, Actions& out) {
   for (const auto& [rank, peer] : g.ranks) flags &= members_.at(peer).hello.flags;
   const Start start = start_for(members_.at(g.ranks.at(0)).hello, flags, out);
   auto ready = std::make_shared<const std::string>(protocol::encode(
-      protocol::GroupReady{start.frame.first_epoch, start.resume, start.position, start.frame.offset}));
+      protocol::GroupReady{start.point.frame.first_epoch, start.resume(), start.point.position, start.point.frame.offset}));
   for (const auto& [rank, peer] : g.ranks) {
     Member& m = members_.at(peer);
     m.waiting_for_group = false;
-    m.frame = start.frame;
+    m.frame = start.point.frame;
     plan_.joined(m.id, m.frame);
     send(out, peer, ready);
     begin(peer, m, start, out);
@@ -331,135 +331,77 @@ void Membership::start_group(uint64_t id, Actions& out) {
   report(out, Report::Level::Info,
          "consumer group '" + g.name + "' of producer '" + options_.name + "': all " +
              std::to_string(g.world_size) + " ranks are present; it starts at epoch " +
-             std::to_string(start.frame.first_epoch) +
-             (start.frame.offset > 0 ? " from its sample " + std::to_string(start.frame.offset) : std::string()));
+             std::to_string(start.point.frame.first_epoch) +
+             (start.point.frame.offset > 0 ? " from its sample " + std::to_string(start.point.frame.offset) : std::string()));
 }
 
-// The held batches of epoch e from the one holding sample `pos` on, if every
-// one of them up to the epoch's `delivered`-th batch is still held.
-bool Membership::held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) const {
+// The held batches of the replay, if every one of them is still held: of its
+// epoch, from the one holding its sample position through its batch `through` - 1.
+bool Membership::held(const Replay& replay, std::vector<std::shared_ptr<const protocol::Announcement>>& batches) const {
+  batches.clear();
   int64_t expect = -1;
   for (const auto& [seq, hold] : slots_.held()) {
-    if (!hold.batch || hold.batch->epoch != e) continue;
+    if (!hold.batch || hold.batch->epoch != replay.epoch) continue;
     if (expect < 0) {
-      if (pos < hold.position || pos >= hold.position + hold.batch->samples) continue;
+      if (replay.position < hold.position || replay.position >= hold.position + hold.batch->samples) continue;
       expect = hold.batch->index;
     }
     if (hold.batch->index != expect) break;  // a batch in between is gone
-    s.batches.push_back(hold.batch);
+    batches.push_back(hold.batch);
     expect += 1;
   }
-  if (expect == delivered) return true;
-  s.batches.clear();
+  if (expect == replay.through) return true;
+  batches.clear();
   return false;
 }
 
-// Where a newcomer starts: the next epoch; with catch-up, the current one from
-// its start while all of it is retained; joining now, with the next batch
-// (the join plan's frame); resuming, epoch e at position s while every batch
-// of it from the one holding s is still held, else positions from s of the
-// next pass.
+protocol::Resume Membership::Start::resume() const {
+  switch (point.resumed) {
+    case StartPoint::Resumed::Exact: return protocol::Resume::Exact;
+    case StartPoint::Resumed::NextPass: return protocol::Resume::NextPass;
+    case StartPoint::Resumed::No: break;
+  }
+  return protocol::Resume::None;
+}
+
+// Where a newcomer starts is the join plan's to say; this gathers the held
+// batches it gets first, counts and says what it asked for and does not get.
 Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t flags, Actions& out) {
+  StartRequest request;
+  request.catch_up = (flags & protocol::Hello::kCatchUp) != 0;
+  request.join_now = (flags & protocol::Hello::kJoinNow) != 0;
+  request.resume_epoch = hello.resume_epoch;
+  request.resume_position = hello.resume_position;
+  request.resume_offset = hello.resume_offset;
+  std::vector<std::shared_ptr<const protocol::Announcement>> scratch;
   Start s;
-  s.frame = plan_.next_epoch_frame();
-  const int64_t epoch = plan_.epoch_in_progress();
-  if (hello.resume_epoch >= 0 && hello.resume_offset > 0) {
-    resume_framed(s, hello, out);
-    return s;
+  s.point = plan_.start(request, [&](const Replay& r) { return held(r, scratch); });
+  const StartPoint& p = s.point;
+  if (p.replay) {
+    if (!held(*p.replay, s.batches)) throw std::logic_error("membership: a replay the plan took is not held");
+    if (p.replay->with_end) s.end = last_end_;
   }
-  if (hello.resume_epoch >= 0) {
-    int64_t e = hello.resume_epoch;
-    int64_t pos = hello.resume_position;
-    if (last_end_ && e == last_end_->epoch && pos >= last_end_->samples) {
-      e += 1;  // saved after the last sample of an epoch that ended: the next one
-      pos = 0;
-    }
-    bool exact = false;
-    if (e == epoch && pos >= plan_.samples_in_epoch()) {
-      exact = true;  // nothing at or after pos was served yet
-    } else if (e == epoch) {
-      exact = held_from(e, pos, plan_.batches_in_epoch(), s);
-    } else if (e == plan_.next_epoch() && e != epoch) {
-      exact = true;  // that epoch has not begun: it is served from its start
-    } else if (last_end_ && e == last_end_->epoch && epoch < 0) {
-      // The epoch that ended last, the next not begun: its rest, still held, and its end.
-      exact = held_from(e, pos, last_end_->batches, s);
-      if (exact) s.end = *last_end_;
-    }
-    s.position = pos;
-    if (exact) {
-      s.frame.first_epoch = e;
-      s.resume = protocol::Resume::Exact;
-      counters_.resumed += 1;
-    } else {
-      resumed_next_pass(s, hello, hello.resume_epoch, pos, out);
-    }
-    return s;
-  }
-  const bool catching = (flags & protocol::Hello::kCatchUp) != 0 && epoch >= 0;
-  if (catching && static_cast<int64_t>(retained_.size()) == plan_.batches_in_epoch()) {
-    s.frame.first_epoch = epoch;
-    for (uint64_t seq : retained_) s.batches.push_back(slots_.held().at(seq).batch);
-  } else if (catching) {
+  const std::string pid = "consumer pid " + std::to_string(hello.pid);
+  if (p.resumed == StartPoint::Resumed::Exact) {
+    counters_.resumed += 1;
+  } else if (p.resumed == StartPoint::Resumed::NextPass) {
+    counters_.resumed_next_pass += 1;
     report(out, Report::Level::Notice,
-           "consumer pid " + std::to_string(hello.pid) + " joined epoch " + std::to_string(epoch) +
-               " of producer '" + options_.name + "' after its first " +
-               std::to_string(options_.catch_up_window) + " batches (catch_up_window); it starts at epoch " +
-               std::to_string(s.frame.first_epoch));
-  } else if ((flags & protocol::Hello::kJoinNow) != 0) {
-    std::string why_not;
-    if (auto now = plan_.join_now(why_not)) s.frame = *now;
-    if (!why_not.empty() && !told_cannot_join_now_) {
-      told_cannot_join_now_ = true;
-      report(out, Report::Level::Info,
-             "producer '" + options_.name + "' cannot start consumers mid-epoch (" + why_not + "); consumer pid " +
-                 std::to_string(hello.pid) + " and any other joining mid-epoch start at the next epoch");
-    }
+           pid + " of producer '" + options_.name + "' resumes epoch " + std::to_string(hello.resume_epoch) +
+               " at sample " + std::to_string(p.position) + ", which the producer no longer holds; it gets positions from " +
+               std::to_string(p.position) + " of epoch " + std::to_string(p.frame.first_epoch) + " instead");
+  } else if (p.caught_up_too_late) {
+    report(out, Report::Level::Notice,
+           pid + " joined epoch " + std::to_string(plan_.epoch_in_progress()) + " of producer '" + options_.name +
+               "' after its first " + std::to_string(plan_.catch_up_window()) +
+               " batches (catch_up_window); it starts at epoch " + std::to_string(p.frame.first_epoch));
+  } else if (!p.why_not_now.empty() && !told_cannot_join_now_) {
+    told_cannot_join_now_ = true;
+    report(out, Report::Level::Info,
+           "producer '" + options_.name + "' cannot start consumers mid-epoch (" + p.why_not_now + "); " + pid +
+               " and any other joining mid-epoch start at the next epoch");
   }
   return s;
-}
-
-void Membership::resumed_next_pass(Start& s, const protocol::Hello& hello, int64_t e, int64_t pos,
-                                   Actions& out) {
-  s.resume = protocol::Resume::NextPass;
-  s.position = pos;
-  counters_.resumed_next_pass += 1;
-  report(out, Report::Level::Notice,
-         "consumer pid " + std::to_string(hello.pid) + " of producer '" + options_.name + "' resumes epoch " +
-             std::to_string(e) + " at sample " + std::to_string(pos) +
-             ", which the producer no longer holds; it gets positions from " + std::to_string(pos) +
-             " of epoch " + std::to_string(s.frame.first_epoch) + " instead");
-}
-
-// Resuming an epoch of its own that began mid-epoch: exact where the join
-// plan says its order can be kept and every batch from its position on is
-// still held or not served yet.
-void Membership::resume_framed(Start& s, const protocol::Hello& hello, Actions& out) {
-  const ResumePoint r = plan_.resume(hello.resume_epoch, hello.resume_position, hello.resume_offset);
-  bool exact = r.possible;
-  if (exact) {
-    const int64_t epoch = plan_.epoch_in_progress();
-    if (r.at_epoch == epoch) {
-      exact = r.at_position >= plan_.samples_in_epoch() ||
-              held_from(r.at_epoch, r.at_position, plan_.batches_in_epoch(), s);
-    } else if (r.at_epoch == plan_.next_epoch()) {
-      exact = true;  // not begun: served from its start
-    } else if (last_end_ && r.at_epoch == last_end_->epoch && epoch < 0) {
-      exact = held_from(r.at_epoch, r.at_position, last_end_->batches, s);
-    } else {
-      exact = false;
-    }
-  }
-  if (exact) {
-    s.frame = r.frame;
-    s.resume = protocol::Resume::Exact;
-    s.position = r.position;
-    counters_.resumed += 1;
-    return;
-  }
-  s.batches.clear();
-  s.frame = plan_.next_epoch_frame();  // its epochs begin where the producer's do from now on
-  resumed_next_pass(s, hello, hello.resume_epoch, hello.resume_position, out);
 }
 
 // A batch to one member, framed in its epochs (as the join plan says), and
@@ -591,14 +533,14 @@ Actions Membership::on_batch(protocol::Announcement batch, Clock::time_point now
   if (batch.epoch != plan_.epoch_in_progress()) end_retention();
   const int64_t position = plan_.on_batch(batch.epoch, batch.index, batch.samples);
   const int64_t epoch = batch.epoch;
-  const bool retained = plan_.batches_in_epoch() <= options_.catch_up_window;
+  const bool retained = plan_.retains_batch();
   if (!retained) end_retention();
   auto shared = std::make_shared<const protocol::Announcement>(std::move(batch));
   if (retained) retained_.push_back(shared->seq);
   std::set<std::string> holders;
   std::map<int64_t, std::shared_ptr<const std::string>> encoded;  // by where members' epochs begin
   for (auto& [peer, m] : members_) {
-    if (m.leaving || m.frame.first_epoch > epoch) continue;
+    if (m.leaving || !m.takes_part_in(epoch)) continue;
     if (hand(out, peer, m, shared, encoded)) holders.insert(peer);
   }
   slots_.deliver(shared->seq, std::move(holders), retained, now, shared, position);
@@ -612,7 +554,7 @@ Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   const std::string broken = plan_.on_epoch_end(end.epoch, end.samples, end.batches);
   auto bytes = std::make_shared<const std::string>(protocol::encode(end));
   for (auto& [peer, m] : members_) {
-    if (m.leaving || m.frame.first_epoch > end.epoch) continue;
+    if (m.leaving || !m.takes_part_in(end.epoch)) continue;
     if (m.frame.offset == 0) {
       send(out, peer, bytes);
     } else if (!broken.empty()) {  // its epochs span the producer's: one of another length breaks them

@@ -69,16 +69,10 @@ struct MembershipOptions {
   std::string name;               // the producer's name, for messages
   int64_t producer_pid = 0;
   int64_t slots = 8;              // loader batches the ring is sized for
-  int64_t catch_up_window = 0;    // first batches of each epoch retained for catch-up joins
   double straggler_timeout = 0;   // seconds; 0: never evict
-  int64_t samples_per_epoch = -1; // -1: learned when the first epoch ends
-  int64_t batches_per_epoch = -1;
   protocol::Ring ring;            // where the ring is (a GPU's UUID) before it exists
   std::string loader;             // the loader's description, for resuming consumers
-  // The producer keeps, from epoch to epoch, the samples before each join
-  // position the same set (join_positions): consumers may join now.
-  bool join_any_time = false;
-  int64_t epochs = -1;            // epochs it serves; -1: until stopped
+  JoinPlanOptions plan;           // where newcomers start: epochs, their lengths, catch-up, joining now
 };
 
 // What the producer knows of one consumer (in its stats and `batchcast status`).
@@ -217,14 +211,16 @@ class Membership {
     protocol::Hello hello;       // as it joined (group, rank, resume)
     uint64_t group = 0;          // its group's id; 0: none
     bool waiting_for_group = false;
+
+    bool takes_part_in(int64_t epoch) const { return frame.first_epoch <= epoch; }
   };
-  // Where a newcomer (or a group, once complete) starts.
+  // Where a newcomer (or a group, once complete) starts: the join plan's
+  // word, with the held batches it gets first.
   struct Start {
-    Frame frame;
-    protocol::Resume resume = protocol::Resume::None;
-    int64_t position = 0;
+    StartPoint point;
     std::vector<std::shared_ptr<const protocol::Announcement>> batches;  // held ones to send
     std::optional<protocol::EpochEnd> end;  // resumed into an epoch that has ended: its end too
+    protocol::Resume resume() const;
   };
   enum class Departure { Unmapped, Crashed };
 
@@ -232,9 +228,7 @@ class Membership {
   uint64_t admit_to_group(const std::string& peer, const protocol::Hello& hello, Actions& out);
   void start_group(uint64_t id, Actions& out);
   Start start_for(const protocol::Hello& hello, uint32_t flags, Actions& out);
-  void resume_framed(Start& s, const protocol::Hello& hello, Actions& out);
-  void resumed_next_pass(Start& s, const protocol::Hello& hello, int64_t e, int64_t pos, Actions& out);
-  bool held_from(int64_t e, int64_t pos, int64_t delivered, Start& s) const;
+  bool held(const Replay& replay, std::vector<std::shared_ptr<const protocol::Announcement>>& batches) const;
   // A batch to one member: framed in its epochs, its own epoch's end after it.
   bool hand(Actions& out, const std::string& peer, Member& m,
             const std::shared_ptr<const protocol::Announcement>& batch,

@@ -25,6 +25,19 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Where newcomers start, as the join plan takes it: whether the epochs asked
+// for can be served, and consumers started mid-epoch, is its to say (it
+// throws InvalidArgument).
+JoinPlanOptions plan_options(const ProducerOptions& options) {
+  JoinPlanOptions plan;
+  plan.join_any_time = options.join_any_time;
+  plan.samples_per_epoch = options.samples_per_epoch;
+  plan.batches_per_epoch = options.batches_per_epoch;
+  plan.epochs = options.epochs;
+  plan.catch_up_window = options.catch_up_window.value_or(0);
+  return JoinPlan::checked(plan);
+}
+
 ProducerOptions checked(ProducerOptions options) {
   validate_name(options.name);
   if (options.slots < 2) throw InvalidArgument("slots must be at least 2");
@@ -37,11 +50,20 @@ ProducerOptions checked(ProducerOptions options) {
   if (options.straggler_timeout && !(*options.straggler_timeout > 0)) {
     throw InvalidArgument("straggler_timeout must be None (wait for the slowest) or > 0 seconds");
   }
-  // Whether the epochs asked for can be served, and consumers started
-  // mid-epoch: the join plan's to say (it throws InvalidArgument).
-  JoinPlan(JoinPlanOptions{options.join_any_time, options.samples_per_epoch, options.batches_per_epoch,
-                           options.epochs});
+  plan_options(options);  // before anything is made
   return options;
+}
+
+MembershipOptions membership_options(const ProducerOptions& options, protocol::Ring ring) {
+  MembershipOptions m;
+  m.name = options.name;
+  m.producer_pid = ::getpid();
+  m.slots = options.slots;
+  m.straggler_timeout = options.straggler_timeout.value_or(0);
+  m.ring = std::move(ring);
+  m.loader = options.loader;
+  m.plan = plan_options(options);
+  return m;
 }
 
 }  // namespace
@@ -58,12 +80,7 @@ Producer::Producer(ProducerOptions options)
         freed_since_sweep_ = true;
         signals_->space.notify_all();
       }),
-      membership_(MembershipOptions{options_.name, ::getpid(), options_.slots,
-                                    *options_.catch_up_window, options_.straggler_timeout.value_or(0),
-                                    options_.samples_per_epoch, options_.batches_per_epoch,
-                                    ring_->description(), options_.loader, options_.join_any_time,
-                                    options_.epochs},
-                  slots_) {
+      membership_(membership_options(options_, ring_->description()), slots_) {
   dir_ = runtime_dir(options_.runtime_dir);
   endpoint_ = endpoint_for(dir_, options_.name);
   lock_ = std::make_unique<NameLock>(dir_, options_.name);

@@ -173,6 +173,15 @@ MUTANTS = {
         "EndToEnd.ACloseInterrupted*",
         "cpp:test_end_to_end",
     ),
+    "join-plan-resumes-past-an-epoch-begun-without-its-block": (
+        "csrc/batchcast/producer/join_plan.cpp",
+        [("  for (int64_t x = e + 1; x <= steered_epoch_ && order_kept; ++x) {\n",
+          "  for (int64_t x = r.at_epoch; x == e + 1 && x <= steered_epoch_ && order_kept; ++x) {\n")],
+        "a consumer that joined mid-epoch resumes exactly after the producer began an epoch ordered "
+        "without its join position: its next epoch gets some samples twice and misses others",
+        "JoinPlan.*",
+        "cpp:test_join_plan",
+    ),
     "join-plan-keeps-who-left": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }",

@@ -1,8 +1,6 @@
 #include "batchcast/consumer/consumer.h"
 
-
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "batchcast/common/endpoint.h"
@@ -427,38 +425,6 @@ std::optional<ViewBatch> Consumer::take_next(bool identities) {
         m);
     if (step) return std::move(*step);
   }
-}
-
-void* CopyMemory::take(std::size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second == bytes) {
-        void* p = it->first;
-        free_.erase(it);
-        return p;
-      }
-    }
-  }
-  void* p = nullptr;
-  if (::posix_memalign(&p, 64, std::max<std::size_t>(bytes, 1)) != 0) throw std::bad_alloc();
-  return p;
-}
-
-void CopyMemory::give_back(void* memory, std::size_t bytes) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.size() < kKept) {
-    free_.emplace_back(memory, bytes);
-    return;
-  }
-  // Full: the oldest goes (sizes change rarely; what is kept is the recent).
-  std::free(free_.front().first);
-  free_.erase(free_.begin());
-  free_.emplace_back(memory, bytes);
-}
-
-CopyMemory::~CopyMemory() {
-  for (auto& [p, bytes] : free_) std::free(p);
 }
 
 // Counts a batch going to the caller, first made private where it must be:

@@ -10,7 +10,7 @@
 
 #include "batchcast/common/error.h"
 #include "batchcast/consumer/channel.h"
-#include "batchcast/cuda/simulated_runtime.h"
+#include "batchcast/cuda/runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/protocol/dtype.h"
 
@@ -38,15 +38,15 @@ void Consumer::place(const protocol::Ring& ring) {
     device_ = cpu_device();
     return;
   }
-  if (!cuda::simulating() && !torch_has_cuda()) {
+  if (!cuda::device_memory_on_host() && !torch_has_cuda()) {
     throw CudaError("producer '" + options_.name + "' serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                     " but the torch in this process has no CUDA support; install a CUDA build of "
                     "torch here");
   }
-  // Tensors on a GPU; on the simulated device (tests), whose memory is host
-  // memory, CPU tensors.
+  // Tensors on a GPU; where device memory is host memory (the simulated
+  // device of the tests), CPU tensors.
   auto gpu = [](int index) {
-    return cuda::simulating() ? cpu_device() : cuda_device(index);
+    return cuda::device_memory_on_host() ? cpu_device() : cuda_device(index);
   };
   const int ring_device = cuda::visible_device(ring.gpu_uuid);
   ring_device_ = ring_device;
@@ -144,19 +144,20 @@ std::optional<ViewBatch> Consumer::hand_out(std::optional<ViewBatch> batch) {
 
 // A copy of a view of the ring, ordered after what made its slot readable:
 // on a GPU, queued on the current stream (which waits on the slot's event);
-// on the simulated device, whose memory is host memory, a copy run in that
-// stream's order. Either way the slot goes back only once the stream is past
+// where device memory is host memory (the simulated device), a copy run in
+// that stream's order. Either way the slot goes back only once the stream is past
 // the copy: the view's release is ordered on that stream after it.
 Tensor Consumer::private_copy(const Tensor& view) const {
-  if (transfer_ == Transfer::View && cuda::simulating()) {
+  if (transfer_ == Transfer::View && cuda::device_memory_on_host()) {
     // Its memory is freed in stream order, as the caching allocator's is.
-    const cuda::Stream stream = cuda::simulated::current_stream();
+    cuda::Runtime* rt = &cuda::runtime();  // (chosen once, never destroyed)
+    const cuda::Stream stream = rt->current_stream();
     const void* from = view.data_ptr();
     const std::size_t bytes = nbytes(view);
-    void* memory = cuda::simulated::stream_alloc(bytes);
+    void* memory = rt->stream_alloc(bytes);
     Tensor out = wrap(memory, shape_of(view), view.scalar_type(), view.device(),
-                      [memory, stream] { cuda::simulated::stream_free(memory, stream); });
-    cuda::runtime().launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });
+                      [rt, memory, stream] { rt->stream_free(memory, stream); });
+    rt->launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });
     return out;
   }
   if (view.is_cpu()) {

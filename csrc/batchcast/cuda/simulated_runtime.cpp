@@ -70,6 +70,9 @@ class SimulatedRuntime final : public Runtime {
 
   bool built() const override { return true; }
   bool simulated() const override { return true; }
+  bool device_memory_on_host() const override { return true; }
+  Stream current_stream() override { return t_stream; }
+  void* stream_alloc(uint64_t bytes) override { return simulated::stream_alloc(bytes); }
   int device_count() noexcept override { return options_.devices; }
 
   std::string device_uuid(int device) override {
@@ -331,7 +334,7 @@ class SimulatedRuntime final : public Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     cached_.push_back(memory);
   }
-  void stream_free(void* memory, Stream stream) noexcept {
+  void stream_free(void* memory, Stream stream) noexcept override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto* s = static_cast<SimStream*>(stream);

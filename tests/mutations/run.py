@@ -92,8 +92,8 @@ MUTANTS = {
         "in_place_write",
     ),
     "private-copy-off-stream": (
-        "csrc/batchcast/consumer/consumer.cpp",
-        [("    cuda::runtime().launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });\n",
+        "csrc/batchcast/consumer/transfer.cpp",
+        [("    rt->launch_host_function(stream, [memory, from, bytes] { std::memcpy(memory, from, bytes); });\n",
           "    std::memcpy(memory, from, bytes);\n")],
         "a GPU batch's private copy is made at once rather than in stream order, before the slot is readable",
         "reused_only_after and copy",

@@ -14,12 +14,11 @@
 #include <string>
 #include <vector>
 #include <utility>
-#include <mutex>
-
 
 #include "batchcast/common/batch.h"
 #include "batchcast/common/fields.h"
 #include "batchcast/common/report.h"
+#include "batchcast/consumer/copy_memory.h"
 #include "batchcast/consumer/lifecycle.h"
 #include "batchcast/consumer/mapped_ring.h"
 #include "batchcast/consumer/rebatcher.h"
@@ -28,22 +27,6 @@
 namespace batchcast {
 
 class Channel;
-
-// Host memory for private copies of batches, reused: a copy freed by the
-// trainer gives its memory back for the next one of the same size, whose
-// pages are then already faulted in. Keeps a few; shared with the copies'
-// deleters, so it outlives the consumer while they live.
-class CopyMemory {
- public:
-  ~CopyMemory();
-  void* take(std::size_t bytes);
-  void give_back(void* memory, std::size_t bytes) noexcept;
-
- private:
-  static constexpr std::size_t kKept = 4;
-  std::mutex mu_;
-  std::vector<std::pair<void*, std::size_t>> free_;
-};
 
 // Where a consumer wants its batches.
 enum class Placement {

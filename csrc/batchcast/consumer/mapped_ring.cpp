@@ -4,7 +4,6 @@
 
 #include "batchcast/common/error.h"
 #include "batchcast/cuda/runtime.h"
-#include "batchcast/cuda/simulated_runtime.h"
 #include "batchcast/cuda/transport.h"
 #include "batchcast/ring/shared_region.h"
 
@@ -29,9 +28,11 @@ class HostMapping final : public MappedRing {
 };
 
 // The stream a consumer's batches are used on: torch's current stream of the
-// device on a GPU; the thread's current stream on the simulated device.
+// device on a GPU; the runtime's current stream of the thread where device
+// memory is host memory (the simulated device), for which torch has none.
 cuda::Stream current_stream(int device) {
-  if (cuda::simulating()) return cuda::simulated::current_stream();
+  cuda::Runtime& rt = cuda::runtime();
+  if (rt.device_memory_on_host()) return rt.current_stream();
   return static_cast<cuda::Stream>(current_cuda_stream(device));
 }
 
@@ -42,7 +43,7 @@ class CudaMapping final : public MappedRing {
  public:
   CudaMapping(const protocol::Ring& ring, Released released, ReleaseAfter after)
       : released_(std::move(released)), after_(after) {
-    if (!cuda::simulating() && !torch_has_cuda()) {
+    if (!cuda::device_memory_on_host() && !torch_has_cuda()) {
       throw CudaError("the producer serves from GPU " + cuda::uuid_text(ring.gpu_uuid) +
                       " but the torch in this process has no CUDA support; install a CUDA build "
                       "of torch here");
@@ -61,9 +62,9 @@ class CudaMapping final : public MappedRing {
     memory_.reset();
   }
 
-  // The simulated device's memory is host memory: CPU tensors.
+  // Where device memory is host memory (the simulated device): CPU tensors.
   Device device() const override {
-    if (cuda::simulating()) return cpu_device();
+    if (cuda::device_memory_on_host()) return cpu_device();
     return cuda_device(memory_->device());
   }
   int events() const override { return memory_->events(); }

@@ -17,6 +17,16 @@ Runtime& runtime() {
   return chosen;
 }
 
+Stream Runtime::current_stream() {
+  throw CudaError("batchcast: a GPU's current stream is torch's (cuda::Runtime::current_stream)");
+}
+
+void* Runtime::stream_alloc(uint64_t) {
+  throw CudaError("batchcast: memory of a GPU's tensors is torch's (cuda::Runtime::stream_alloc)");
+}
+
+void Runtime::stream_free(void*, Stream) noexcept {}  // (stream_alloc gave nothing out)
+
 int64_t test_ring_delay_us() {
   static const int64_t us = [] {
     const char* text = std::getenv("BATCHCAST_TEST_RING_DELAY_US");

@@ -30,9 +30,23 @@ class Runtime {
   // False for a build without the CUDA transport: every call but
   // device_count() then throws CudaError saying so.
   virtual bool built() const = 0;
-  // True for the simulated device: device memory is host memory, and what a
-  // consumer maps is handed out as CPU tensors.
+  // True for the simulated device (for its test hooks: what the transport and
+  // the consumer do depends on device_memory_on_host() and the calls below).
   virtual bool simulated() const { return false; }
+
+  // Where tensors over device memory live. False on a GPU: they are torch's
+  // CUDA tensors, used on torch's current stream, copied by torch. True where
+  // device memory is host memory (the simulated device): they are CPU tensors,
+  // which torch gives no stream, so the runtime keeps each thread's current
+  // stream and the memory of copies made on it, freed in stream order.
+  virtual bool device_memory_on_host() const { return false; }
+  // Only where device_memory_on_host() (elsewhere CudaError: they are
+  // torch's): the calling thread's current stream, and memory for a tensor
+  // made on `stream`, given back by stream_free once that stream has run what
+  // was queued on it before, as torch's caching allocator does on a GPU.
+  virtual Stream current_stream();
+  virtual void* stream_alloc(uint64_t bytes);
+  virtual void stream_free(void* memory, Stream stream) noexcept;
 
   // Devices visible to this process; 0 without a driver (never throws).
   virtual int device_count() noexcept = 0;

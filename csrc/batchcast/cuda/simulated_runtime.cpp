@@ -1,24 +1,22 @@
 // The simulated device behind cuda::Runtime (simulated_runtime.h says what it
-// models). Host-only code: it builds everywhere, with or without the toolkit.
+// models): its contexts, memory, IPC handles, and the calls on its streams and
+// events (simulated_stream.h: what a stream and an event are); its options
+// and visible devices are in simulated_options.cpp. Host-only code: it builds
+// everywhere, with or without the toolkit.
 #include "batchcast/cuda/simulated_runtime.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,50 +27,12 @@
 #include <utility>
 #include <vector>
 
-#include "batchcast/common/endpoint.h"
 #include "batchcast/common/error.h"
 #include "batchcast/common/fd.h"
-#include "batchcast/common/threads.h"
+#include "batchcast/cuda/simulated_stream.h"
 #include "batchcast/protocol/message.h"
 
 namespace batchcast::cuda {
-namespace simulated {
-
-Options parse_options(const std::string& spec) {
-  Options o;
-  std::size_t start = 0;
-  while (start <= spec.size()) {
-    const std::size_t end = std::min(spec.find(',', start), spec.size());
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) continue;
-    const std::size_t eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    long long value = 0;
-    try {
-      std::size_t used = 0;
-      if (eq == std::string::npos) throw std::invalid_argument("no value");
-      value = std::stoll(item.substr(eq + 1), &used);
-      if (used != item.size() - eq - 1) throw std::invalid_argument("trailing characters");
-    } catch (const std::exception&) {
-      throw InvalidArgument("BATCHCAST_SIMULATED_CUDA: '" + item + "' is not key=integer");
-    }
-    if (key == "seed") {
-      o.seed = static_cast<uint64_t>(value);
-    } else if (key == "max_delay_us" && value >= 0) {
-      o.max_delay_us = value;
-    } else if (key == "devices" && value >= 1 && value <= 8) {
-      o.devices = static_cast<int>(value);
-    } else {
-      throw InvalidArgument("BATCHCAST_SIMULATED_CUDA: '" + item +
-                            "' is not one of seed=N, max_delay_us=N (>= 0), devices=N (1 to 8)");
-    }
-  }
-  return o;
-}
-
-}  // namespace simulated
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -85,147 +45,16 @@ constexpr std::size_t kTableHeader = 4096;
   throw CudaError(std::string("batchcast: ") + call + " failed: " + error + " (simulated device: " + why + ")");
 }
 
-// An event's state, in shared memory so that other processes can wait on it:
-// how many times it was recorded, and up to which record its stream has run.
-struct EventState {
-  std::atomic<uint32_t> recorded{0};
-  std::atomic<uint32_t> completed{0};
-};
-static_assert(sizeof(EventState) == 8 && std::atomic<uint32_t>::is_always_lock_free);
-
-struct SimEvent {
-  EventState* state = nullptr;
-  int64_t owner = 0;  // the process whose streams complete it
-  int index = -1;     // in its owner's table
-  bool imported = false;
-};
-
-bool alive(int64_t pid) { return pid == ::getpid() || process_alive(static_cast<long>(pid)); }
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, int ms) {
-  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-void futex_wake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-void complete(EventState* e, uint32_t record) {
-  uint32_t seen = e->completed.load();
-  while (seen < record && !e->completed.compare_exchange_weak(seen, record)) {
-  }
-  futex_wake(&e->completed);
-}
-
-// Blocks until record `record` of the event has completed. A record of a
-// process that is gone never will: the wait ends then (its work was abandoned
-// with its context).
-void wait_for(const SimEvent& e, uint32_t record) {
-  while (true) {
-    const uint32_t seen = e.state->completed.load();
-    if (seen >= record) return;
-    futex_wait(&e.state->completed, seen, 100);
-    if (e.state->completed.load() < record && !alive(e.owner)) return;
-  }
-}
-
-// A stream: an ordered queue of operations run by a thread of its own.
-class SimStream {
- public:
-  using Delay = std::function<void()>;
-  explicit SimStream(Delay delay) : delay_(std::move(delay)) {
-    thread_ = start_background_thread("batchcast-sim", [this] { run(); });
-  }
-  ~SimStream() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      quit_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();  // after what is queued has run
-  }
-
-  void push(std::function<void()> op, bool delayed) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({std::move(op), delayed});
-      ++queued_;
-    }
-    changed_.notify_all();
-  }
-
-  void synchronize() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t target = queued_;
-    changed_.wait(lock, [&] { return done_ >= target; });
-  }
-
- private:
-  struct Op {
-    std::function<void()> run;
-    bool delayed;
-  };
-
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      changed_.wait(lock, [&] { return quit_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      Op op = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      if (op.delayed) delay_();
-      try {
-        op.run();
-      } catch (...) {  // a test's host function; the stream goes on
-      }
-      op.run = nullptr;  // whatever it captured goes before it counts as done
-      lock.lock();
-      ++done_;
-      changed_.notify_all();
-    }
-  }
-
-  Delay delay_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<Op> queue_;
-  uint64_t queued_ = 0;
-  uint64_t done_ = 0;
-  bool quit_ = false;
-  std::thread thread_;
-};
+using simulated::complete;
+using simulated::EventState;
+using simulated::SimEvent;
+using simulated::SimStream;
+using simulated::visible_devices;
+using simulated::wait_for;
 
 thread_local void* t_context = nullptr;  // the calling thread's current context
 thread_local int t_device = 0;           // the runtime's remembered device
 thread_local Stream t_stream = nullptr;  // the current stream (torch's, on a GPU)
-
-// As the driver: CUDA_VISIBLE_DEVICES lists the devices this process sees, in
-// its order, numbered from 0; the list ends at its first entry that is not a
-// device (or one named twice). Unset: every device, as numbered.
-std::vector<int> visible_devices(int devices) {
-  std::vector<int> out;
-  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (env == nullptr) {
-    for (int d = 0; d < devices; ++d) out.push_back(d);
-    return out;
-  }
-  std::string list(env);
-  std::size_t at = 0;
-  while (at <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    std::string entry = list.substr(at, comma - at);
-    entry.erase(0, entry.find_first_not_of(' '));
-    entry.erase(entry.find_last_not_of(' ') + 1);
-    if (entry.empty() || entry.find_first_not_of("0123456789") != std::string::npos || entry.size() > 3) break;
-    const int d = std::stoi(entry);
-    if (d >= devices || std::find(out.begin(), out.end(), d) != out.end()) break;
-    out.push_back(d);
-    at = comma + 1;
-  }
-  return out;
-}
 
 simulated::Options seen(simulated::Options options, const std::vector<int>& visible) {
   options.devices = static_cast<int>(visible.size());
@@ -241,6 +70,9 @@ class SimulatedRuntime final : public Runtime {
 
   bool built() const override { return true; }
   bool simulated() const override { return true; }
+  bool device_memory_on_host() const override { return true; }
+  Stream current_stream() override { return t_stream; }
+  void* stream_alloc(uint64_t bytes) override { return simulated::stream_alloc(bytes); }
   int device_count() noexcept override { return options_.devices; }
 
   std::string device_uuid(int device) override {
@@ -502,7 +334,7 @@ class SimulatedRuntime final : public Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     cached_.push_back(memory);
   }
-  void stream_free(void* memory, Stream stream) noexcept {
+  void stream_free(void* memory, Stream stream) noexcept override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto* s = static_cast<SimStream*>(stream);

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "batchcast/cuda/runtime.h"
 
@@ -47,6 +48,10 @@ struct Options {
 // Parses "key=value,..." (keys seed, max_delay_us, devices); InvalidArgument
 // names what is wrong.
 Options parse_options(const std::string& spec);
+// The machine's devices (of `devices`) this process sees, in its order, as
+// the driver reads CUDA_VISIBLE_DEVICES: numbered from 0 here; the list ends
+// at its first entry that is not a device (or one named twice).
+std::vector<int> visible_devices(int devices);
 
 // Whether this process runs on the simulated device.
 bool active();

@@ -60,6 +60,7 @@ DeviceScope::~DeviceScope() {
 
 bool built() { return runtime().built(); }
 bool simulating() { return runtime().simulated(); }
+bool device_memory_on_host() { return runtime().device_memory_on_host(); }
 int device_count() { return runtime().device_count(); }
 std::string device_uuid(int device) { return runtime().device_uuid(device); }
 

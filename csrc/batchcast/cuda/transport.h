@@ -24,8 +24,12 @@ using protocol::kUuidBytes;
 
 // True when this build contains the CUDA transport (or runs on the simulated device).
 bool built();
-// True on the simulated device (BATCHCAST_SIMULATED_CUDA; tests only).
+// True on the simulated device (BATCHCAST_SIMULATED_CUDA; tests only). The
+// test hooks ask this; batchcast itself asks what the runtime can do:
 bool simulating();
+// Whether tensors over device memory are CPU tensors (the simulated device's
+// memory is host memory) rather than CUDA tensors (Runtime::device_memory_on_host).
+bool device_memory_on_host();
 // Devices this process can see; 0 without a driver or device (never throws).
 int device_count();
 // A device's UUID (16 raw bytes): stable across processes, unlike indices,

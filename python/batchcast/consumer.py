@@ -10,7 +10,6 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 
 from ._core import _C
-from ._device import parse_device
 from ._structure import tree_of, unflatten
 from ._transform import Pending, Transform, default_threads
 from .options import Augment, Group, Join, Pad, Placement, takes_generator
@@ -287,33 +286,13 @@ class Consumer:
         self._fetcher: futures.ThreadPoolExecutor | None = None
         if self._transform is not None and self._transform.pool is not None:
             self._fetcher = futures.ThreadPoolExecutor(1, thread_name_prefix=f"batchcast-fetch-{name}")
-        where, cuda_device = _C.Placement.AUTO, -1
-        if placement.device is not None:
-            kind, cuda_device = parse_device(placement.device, "device")
-            where = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
-        # _C.Consumer's keywords (its options list; kept to reconnect).
+        # _C.Consumer's keywords (its options list; kept to reconnect): each
+        # option object says what it means to the core.
         self._options: dict[str, Any] = dict(
-            name=name,
-            batch_size=batch_size,
-            drop_last=self.drop_last,
-            timeout=float(timeout),
-            runtime_dir=joining.runtime_dir or "",
-            catch_up=joining.when == "catch_up",
-            join_now=joining.when == "now",
-            placement=where,
-            cuda_device=cuda_device,
-            release_after=(_C.ReleaseAfter.STREAM if placement.release_after == "stream"
-                           else _C.ReleaseAfter.DEVICE),
-            group=self.group or "",
-            rank=self.rank or 0,
-            world_size=self.world_size or 0,
-            empty_past_last_epoch=joining.past_last_epoch == "empty",
-            writable=placement.writable,
-            shared_gpu_views=placement.shared_gpu_views,
-        )
-        if padding is not None:
-            self._options.update(pad_leaves=[(list(keys), value) for keys, value in padding.leaves],
-                                 pad_every=padding.every, pad_multiple_of=padding.multiple_of)
+            name=name, batch_size=batch_size, drop_last=self.drop_last, timeout=float(timeout),
+            **joining._core(), **placement._core(),
+            **({} if ranks is None else ranks._core()),
+            **({} if padding is None else padding._core()))
         _name_the_line_that_writes()
         self._stats: dict[str, Any] | None = None
         self._connect(state)

@@ -10,6 +10,10 @@ Each argument also takes its plain form where that is the natural one:
 ``transform=fn``, ``pad={"input_ids": 0}``, ``group="trial-3"`` (rank and
 world size from ``torch.distributed``), ``join="next_epoch"``,
 ``device="cuda:0"``. No torch here: the objects are cheap to make.
+
+Each object also says what it means to the core, as the keywords of the
+core's consumer options (``_core()``): an option of one of them is added
+here, in the core's options list (``consumer.h``) and where the core uses it.
 """
 
 from __future__ import annotations
@@ -130,6 +134,11 @@ class Pad:
         object.__setattr__(self, "leaves", tuple(leaves))
         object.__setattr__(self, "every", None)
 
+    def _core(self) -> dict[str, Any]:
+        """The core consumer's keywords for this padding."""
+        return {"pad_leaves": [(list(keys), value) for keys, value in self.leaves],
+                "pad_every": self.every, "pad_multiple_of": self.multiple_of}
+
     @staticmethod
     def of(value: Any) -> Pad | None:
         """`pad=` as given: a Pad, a number, a dict, or None."""
@@ -165,6 +174,10 @@ class Group:
                 raise ValueError(f"Group's {label} must be an int, not {value!r}")
         if self.rank is not None and self.world_size is not None and not 0 <= self.rank < self.world_size:
             raise ValueError(f"Group's rank must be in [0, world_size={self.world_size}), not {self.rank}")
+
+    def _core(self) -> dict[str, Any]:
+        """The core consumer's keywords for this group (rank and world size known)."""
+        return {"group": self.name, "rank": self.rank, "world_size": self.world_size}
 
     @staticmethod
     def of(value: Any) -> Group | None:
@@ -218,6 +231,11 @@ class Join:
         if self.runtime_dir is not None and not isinstance(self.runtime_dir, str):
             raise TypeError(f"Join's runtime_dir must be a str, not {self.runtime_dir!r}")
 
+    def _core(self) -> dict[str, Any]:
+        """The core consumer's keywords for this way of joining."""
+        return {"runtime_dir": self.runtime_dir or "", "catch_up": self.when == "catch_up",
+                "join_now": self.when == "now", "empty_past_last_epoch": self.past_last_epoch == "empty"}
+
     @staticmethod
     def of(value: Any) -> Join:
         """`join=` as given: a Join or its `when`."""
@@ -268,6 +286,19 @@ class Placement:
         if self.writable and self.shared_gpu_views:
             raise ValueError("Placement: writable=True makes every batch a private copy; shared_gpu_views=True "
                              "hands out views every consumer shares: choose one")
+
+    def _core(self) -> dict[str, Any]:
+        """The core consumer's keywords for this placement (the device parsed here: torch is loaded)."""
+        from ._core import _C
+        from ._device import parse_device
+
+        where, cuda_device = _C.Placement.AUTO, -1
+        if self.device is not None:
+            kind, cuda_device = parse_device(self.device, "device")
+            where = _C.Placement.HOST if kind == "cpu" else _C.Placement.CUDA
+        release_after = _C.ReleaseAfter.STREAM if self.release_after == "stream" else _C.ReleaseAfter.DEVICE
+        return {"placement": where, "cuda_device": cuda_device, "release_after": release_after,
+                "writable": self.writable, "shared_gpu_views": self.shared_gpu_views}
 
     @staticmethod
     def of(value: Any) -> Placement:

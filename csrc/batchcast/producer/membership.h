@@ -13,8 +13,10 @@
 //   retained (catch_up_window). Joining now (while the producer steers its
 //   loader's order, join_any_time), it gets the next batch: its epochs are
 //   its own, each from its join position p of one producer epoch to p of the
-//   next. Where they lie and how a batch looks in them is the join plan's
-//   (join_plan.h); this sends what it says. With a finite number of epochs,
+//   next. Where every newcomer starts (these, and resumes), where its epochs
+//   lie and how a batch looks in them is the join plan's (join_plan.h): this
+//   gathers the held batches it names (newcomers.cpp) and sends what it
+//   says. With a finite number of epochs,
 //   its last epoch is the last whole one: then it is told Finished.
 // - Lockstep: a slot is free once every consumer it was announced to has
 //   released it (and the catch-up window no longer retains it).

@@ -181,6 +181,7 @@ class Consumer:
         resume_epoch: int = -1,
         resume_position: int = 0,
         resume_offset: int = 0,
+        resume_run: int = 0,
         empty_past_last_epoch: bool = False,
         writable: bool = False,
         shared_gpu_views: bool = False,

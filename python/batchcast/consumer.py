@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         resume_epoch: int
         resume_position: int
         resume_offset: int
+        resume_run: int
 
 
 _STATE_FORMAT = "batchcast.Consumer/1"
@@ -234,7 +235,9 @@ class Consumer:
     consumers still use it, or it is among an epoch's first ``catch_up_window``
     batches), and otherwise with the same positions of the producer's next
     pass (a ``batchcast.ResumeWarning`` says so; ``stats()["resumed"]`` says
-    which). A state saved from another loader or another configuration is a
+    which). A state names the producer's run: against a producer restarted
+    since, a state saved mid-epoch resumes with those positions of the new
+    run's pass (warned), one saved between epochs with the next epoch, whole. A state saved from another loader or another configuration is a
     ``ValueError``.
     """
 
@@ -311,7 +314,8 @@ class Consumer:
             if state["epoch"] is not None:
                 resume = {"resume_epoch": int(state["epoch"]),
                           "resume_position": int(state["position"]),
-                          "resume_offset": int(state.get("offset", 0))}
+                          "resume_offset": int(state.get("offset", 0)),
+                          "resume_run": int(state.get("run", 0))}
         core = _C.Consumer(**self._options, **resume)
         loader = core.stats()["loader"]
         if state is not None and state.get("loader") and loader and state["loader"] != loader:
@@ -353,7 +357,7 @@ class Consumer:
                 "seed": None if self._transform is None else self._transform.seed,
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "group": self.group, "rank": self.rank, "world_size": self.world_size,
-                "loader": stats["loader"]}
+                "loader": stats["loader"], "run": int(stats["run"])}
 
     def _number_of(self, epoch: int) -> int:
         """This consumer's own count of the epoch that begins in (or lies

@@ -233,15 +233,20 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         const int64_t q = t.frame.offset;
         const int64_t rp = static_cast<int64_t>(t.own.size());
         const bool still_held = chance(0.75);
+        // A state saved in another run of the producer (one restarted since):
+        // its position is no place in this run's passes.
+        const bool this_run = chance(0.8);
         StartRequest ask;
         ask.resume_epoch = t.own_epoch;
         ask.resume_position = rp;
         ask.resume_offset = q;
+        ask.saved_in_this_run = this_run;
         std::optional<Replay> asked;
         const StartPoint p = plan.start(ask, [&](const Replay& r) {
           asked = r;
           return still_held;
         });
+        EXPECT_EQ(p.other_run, !this_run) << where;
         // Where its position lies in the producer's stream, and whether the
         // stream can give it from there: the epoch in progress (not served
         // yet, or held), the next one (not begun), the one that ended last
@@ -267,8 +272,8 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         for (int64_t x = t.own_epoch + 1; x <= e && q > 0; ++x) {
           kept = kept && std::binary_search(steered_at[x].begin(), steered_at[x].end(), q);
         }
-        EXPECT_EQ(asked, kept ? want : std::nullopt) << where;
-        const bool exact = kept && servable;
+        EXPECT_EQ(asked, kept && this_run ? want : std::nullopt) << where;
+        const bool exact = this_run && kept && servable;
         EXPECT_EQ(p.resumed, exact ? StartPoint::Resumed::Exact : StartPoint::Resumed::NextPass) << where;
         EXPECT_EQ(p.position, rp) << where;
         if (exact) {
@@ -445,6 +450,7 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
       r.resume_epoch = 0;
       r.resume_position = position;
       r.resume_offset = offset;
+      r.saved_in_this_run = true;
       return plan.start(r, [&](const Replay& replay) {
         asked = replay;
         return true;
@@ -476,6 +482,54 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
   }
 }
 
+// A state saved while another run of the producer served (one restarted
+// since, or a state that does not say): a position within an epoch is a place
+// in that run's pass, not this one's — the next pass from there, never
+// exact, nothing replayed — while an epoch's start or end is a place in any.
+TEST(JoinPlan, AStateOfAnotherRunIsExactOnlyBetweenEpochs) {
+  JoinPlanOptions o;
+  o.join_any_time = true;
+  o.samples_per_epoch = 8;
+  o.batches_per_epoch = 2;
+  o.catch_up_window = 2;
+  JoinPlan plan(o);
+  plan.steer(0);
+  plan.on_epoch_begin(0);
+  plan.on_batch(0, 0, 4);
+  for (int64_t offset : {0, 4}) {
+    for (int64_t epoch : {0, 3}) {
+      const std::string where = "offset " + std::to_string(offset) + " epoch " + std::to_string(epoch);
+      StartRequest r;
+      r.resume_epoch = epoch;
+      r.resume_offset = offset;
+      r.resume_position = 2;  // within it: the rest of that run's pass is gone
+      StartPoint p = plan.start(r, never_asked);
+      EXPECT_EQ(p.resumed, StartPoint::Resumed::NextPass) << where;
+      EXPECT_TRUE(p.other_run) << where;
+      EXPECT_EQ(p.position, 2) << where;
+      EXPECT_EQ(p.frame, plan.next_epoch_frame()) << where;
+      EXPECT_FALSE(p.replay) << where;
+      for (int64_t between : {0, 8}) {  // at its start, or after its last sample: the next epoch, whole
+        r.resume_position = between;
+        p = plan.start(r, never_asked);
+        EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact) << where << " at " << between;
+        EXPECT_FALSE(p.other_run) << where;
+        EXPECT_EQ(p.position, 0) << where;
+        EXPECT_EQ(p.frame, plan.next_epoch_frame()) << where;
+        EXPECT_FALSE(p.replay) << where;
+      }
+    }
+  }
+  // The same request of this run: its position in the epoch in progress, held.
+  StartRequest same;
+  same.resume_epoch = 0;
+  same.resume_position = 2;
+  same.saved_in_this_run = true;
+  const StartPoint p = plan.start(same, [](const Replay&) { return true; });
+  EXPECT_EQ(p.resumed, StartPoint::Resumed::Exact);
+  EXPECT_EQ(p.replay, (Replay{0, 2, 1, false}));
+}
+
 // A plain resume (its epochs the producer's): the epoch in progress from its
 // position (held, or not served yet), the one that ended last (held, with its
 // end), else the same positions of the next pass.
@@ -491,6 +545,7 @@ TEST(JoinPlan, APlainResumeIsExactWhileTheStreamStillHasItsPosition) {
     StartRequest r;
     r.resume_epoch = epoch;
     r.resume_position = position;
+    r.saved_in_this_run = true;
     asked.reset();
     return plan.start(r, [&](const Replay& replay) {
       asked = replay;

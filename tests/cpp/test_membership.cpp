@@ -19,6 +19,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
+constexpr uint64_t kRun = 0x5eed;  // the run of every Harness's producer
+
 // Drives a Membership and records what it says, peer by peer.
 struct Harness {
   explicit Harness(MembershipOptions options = {})
@@ -26,6 +28,7 @@ struct Harness {
             [&] {
               if (options.name.empty()) options.name = "p";
               if (options.producer_pid == 0) options.producer_pid = 1;
+              if (options.run == 0) options.run = kRun;
               return options;
             }(),
             slots) {}
@@ -65,11 +68,13 @@ struct Harness {
     h.world_size = world;
     say(peer, h);
   }
-  void resume(const std::string& peer, int64_t pid, int64_t e, int64_t pos) {
+  // A state saved in run `run` of the producer (by default this one's).
+  void resume(const std::string& peer, int64_t pid, int64_t e, int64_t pos, uint64_t run = kRun) {
     protocol::Hello h;
     h.pid = pid;
     h.resume_epoch = e;
     h.resume_position = pos;
+    h.resume_run = run;
     say(peer, h);
   }
   void begin(int64_t e) {
@@ -853,6 +858,7 @@ TEST(Membership, AResumeOfAnEpochThatBeganMidEpochIsExactWhileHeldAndItsPosition
   back.resume_epoch = 0;
   back.resume_position = 4;
   back.resume_offset = 4;
+  back.resume_run = kRun;
   h.say("back", back);
   const auto w = h.of<protocol::Welcome>("back").at(0);
   EXPECT_EQ(w.resume, protocol::Resume::Exact);

@@ -27,6 +27,7 @@ Announcement sample_announcement() {
 Welcome host_welcome() {
   Welcome w;
   w.producer_pid = 77;
+  w.run = 0xfeedf00d12345678;
   w.ring = Ring{5, 1 << 20, {}, {}, {}};
   w.consumer_id = 9;
   w.first_epoch = 2;
@@ -238,6 +239,7 @@ TEST(Protocol, GpuRingsTravelAsHandlesOnly) {
   EXPECT_TRUE(back.ring.on_gpu());
   EXPECT_FALSE(back.ring.exists());
   EXPECT_EQ(back.ring.gpu_uuid, w.ring.gpu_uuid);
+  EXPECT_EQ(back.run, w.run);  // the producer's run, all 64 bits, for a resume to name
 
   RingReady ready{gpu_ring(18)};
   bytes = encode(ready);
@@ -339,6 +341,14 @@ TEST(Protocol, InconsistentGroupsAndResumesAreRejected) {
   h = group_hello();
   h.group = std::string(kMaxGroupName + 1, 'g');
   rejects(h);
+  h = group_hello();
+  h.resume_run = ~uint64_t{0};  // any run a state names travels as it is
+  auto named = encode(h);
+  EXPECT_EQ(std::get<Hello>(decode(named.data(), named.size())).resume_run, h.resume_run);
+  Welcome anonymous = host_welcome();
+  anonymous.run = 0;  // a producer's welcome always names its run
+  named = encode(anonymous);
+  EXPECT_THROW(decode(named.data(), named.size()), MalformedMessage);
   GroupReady ready{1, Resume::Exact, 0};
   auto bytes = encode(ready);
   bytes[kHeaderBytes + 8] = 7;  // no such resume kind

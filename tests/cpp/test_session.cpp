@@ -90,6 +90,7 @@ struct Harness {
   void welcome(pr::Ring ring = host_ring()) {
     pr::Welcome w;
     w.producer_pid = kProducerPid;
+    w.run = 7;
     w.ring = std::move(ring);
     w.consumer_id = 1;
     w.slots = 8;

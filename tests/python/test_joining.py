@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import warnings
 
 import pytest
 import torch
@@ -320,14 +321,13 @@ def test_a_late_joiner_of_a_finite_producer_gets_its_whole_epochs_then_exhausted
     producer.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="the state names the producer, not its run: a resume against a restarted "
-                   "producer is taken as exact (docs/limitations.md)")
 def test_a_resume_against_a_restarted_producer_is_not_quietly_wrong(runtime_dir):
     """A state saved mid-epoch, the producer restarted over an unseeded
     shuffling loader: the new run cannot give the rest of the old run's
-    epoch, so the resumed consumer must be told (a ResumeWarning, resumed ==
-    "next-pass"), not handed the new order's positions as if exact (today:
-    13 of 64 samples twice, 13 missing, silently)."""
+    epoch, so the resumed consumer is told (a ResumeWarning naming the
+    restart, resumed == "next-pass"), not handed the new order's positions
+    as if exact (before the state named the run: 13 of 64 samples twice, 13
+    missing, silently)."""
     def loader():
         return DataLoader(torch.arange(64), batch_size=8, shuffle=True)
 
@@ -341,10 +341,37 @@ def test_a_resume_against_a_restarted_producer_is_not_quietly_wrong(runtime_dir)
     second = bc.Producer(loader(), "restarted", epochs=1, linger=0.1)
     second.start()
     try:
-        with pytest.warns(bc.ResumeWarning):
+        with pytest.warns(bc.ResumeWarning, match="another run of the producer"):
             with bc.Consumer("restarted", 8, state=state, join="next_epoch") as resumed:
                 rest = [int(i) for batch in resumed for i in batch]
                 assert resumed.stats()["resumed"] == "next-pass"
     finally:
         second.stop()
     assert len(seen) == 24 and len(rest) == 40  # the same positions of the new run's pass, told
+
+
+def test_a_state_saved_between_epochs_resumes_a_restarted_producer_exactly(runtime_dir):
+    """Between epochs nothing of an epoch was taken: against a restarted
+    producer the state resumes with its next epoch, whole (every sample
+    once), exactly and without a warning."""
+    def loader():
+        return DataLoader(torch.arange(64), batch_size=8, shuffle=True)
+
+    first = bc.Producer(loader(), "restarted-between", epochs=2, linger=0.1)
+    first.start()
+    with bc.Consumer("restarted-between", 8, join="next_epoch") as consumer:
+        assert sorted(int(i) for batch in consumer for i in batch) == list(range(64))
+        state = consumer.state_dict()
+    first.stop()
+    assert state["epoch"] == 1 and state["position"] == 0
+    second = bc.Producer(loader(), "restarted-between", epochs=1, linger=0.1)
+    second.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bc.ResumeWarning)
+            with bc.Consumer("restarted-between", 8, state=state, join="next_epoch") as resumed:
+                assert resumed.stats()["resumed"] == "exact"
+                epoch = [int(i) for batch in resumed for i in batch]
+    finally:
+        second.stop()
+    assert sorted(epoch) == list(range(64))

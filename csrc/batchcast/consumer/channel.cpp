@@ -31,6 +31,7 @@ SessionOptions session_options(const ChannelOptions& options) {
   s.hello.resume_epoch = options.resume_epoch;
   s.hello.resume_position = options.resume_position;
   s.hello.resume_offset = options.resume_offset;
+  s.hello.resume_run = options.resume_run;
   return s;
 }
 

@@ -58,6 +58,7 @@ struct ChannelOptions {
   int64_t resume_epoch = -1;  // >= 0: continue that epoch at resume_position
   int64_t resume_position = 0;
   int64_t resume_offset = 0;
+  uint64_t resume_run = 0;
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.
   std::function<void()> interrupt;

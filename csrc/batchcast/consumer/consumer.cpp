@@ -79,6 +79,7 @@ Consumer::Consumer(ConsumerOptions options)
   channel.resume_epoch = options_.resume_epoch;
   channel.resume_position = options_.resume_position;
   channel.resume_offset = options_.resume_offset;
+  channel.resume_run = options_.resume_run;
   channel.release_after = options_.release_after;
   channel.interrupt = options_.interrupt;
   channel_ = Channel::connect(std::move(channel));
@@ -161,12 +162,16 @@ void Consumer::resume_from(protocol::Resume resume, int64_t first_epoch, int64_t
   resume_at_epoch_ = first_epoch;
   resume_position_ = position;
   if (resume == protocol::Resume::NextPass && options_.reporter) {
+    const bool restarted = options_.resume_run != joined_.run;
     options_.reporter(Report{
         Report::Level::Warning, "Resume",
         "consumer of '" + options_.name + "' resumes epoch " + std::to_string(options_.resume_epoch) +
             " at sample " + std::to_string(options_.resume_position) +
-            ", which the producer no longer holds (it keeps only what consumers still use and the "
-            "first batches of each epoch): the samples it had not taken of that epoch are lost to it, "
+            (restarted ? ", saved while another run of the producer served (it was restarted since, so "
+                         "that epoch's order is gone)"
+                       : ", which the producer no longer holds (it keeps only what consumers still use and the "
+                         "first batches of each epoch)") +
+            ": the samples it had not taken of that epoch are lost to it, "
             "and it gets stream positions from " + std::to_string(position) + " of epoch " +
             std::to_string(first_epoch) + " (the loader's next pass) in their place, then whole epochs"});
   }
@@ -454,6 +459,7 @@ ConsumerStats Consumer::stats() const {
   s.ring_address = c.ring_address;
   s.ring_bytes = c.ring_bytes;
   s.loader = loader_;
+  s.run = joined_.run;
   s.resumed = resume_ == protocol::Resume::Exact      ? "exact"
               : resume_ == protocol::Resume::NextPass ? "next-pass"
                                                       : "";

@@ -65,6 +65,7 @@ enum class Placement {
   X(int64_t, resume_epoch, -1)                                                             \
   X(int64_t, resume_position, 0)                                                           \
   X(int64_t, resume_offset, 0) /* the saved epochs began there in the producer's */       \
+  X(uint64_t, resume_run, 0) /* the producer's run it was saved in (stats; 0: unknown) */ \
   /* An epoch asked for after the producer served all its epochs: empty (true), or  */    \
   /* EpochsExhausted (false: a training loop must not quietly get nothing).         */    \
   X(bool, empty_past_last_epoch, false)                                                    \
@@ -133,8 +134,10 @@ struct ConsumerOptions {
   X(uint64_t, ring_address, 0)    /* where the ring is mapped here (0: not mapped) */        \
   X(uint64_t, ring_bytes, 0)                                                                 \
   X(std::string, loader, "")      /* the producer's description of its loader */             \
+  X(uint64_t, run, 0)             /* the producer's run it joined (for resuming) */          \
   /* how it resumed: "" (it did not), "exact", or "next-pass" (the producer no    */         \
-  /* longer held its position: those positions of the next pass instead)         */         \
+  /* longer held its position, or was restarted since: those positions of the     */         \
+  /* next pass instead)                                                           */         \
   X(std::string, resumed, "")
 
 struct ConsumerStats {

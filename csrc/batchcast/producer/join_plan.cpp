@@ -72,6 +72,17 @@ std::string JoinPlan::on_epoch_end(int64_t epoch, int64_t samples, int64_t batch
 StartPoint JoinPlan::start(const StartRequest& request, const std::function<bool(const Replay&)>& held) const {
   StartPoint s;
   s.frame = next_epoch_frame();
+  if (request.resume_epoch >= 0 && !request.saved_in_this_run) {
+    // Another run's epoch: where it stood within it is no place in this
+    // run's passes. At its start (or after its end) every sample of an epoch
+    // is still to come: this run's next epoch, whole, is exact.
+    const int64_t whole = options_.samples_per_epoch;
+    const bool between = request.resume_position == 0 || (whole > 0 && request.resume_position >= whole);
+    s.resumed = between ? StartPoint::Resumed::Exact : StartPoint::Resumed::NextPass;
+    s.position = between ? 0 : request.resume_position;
+    s.other_run = !between;
+    return s;
+  }
   if (request.resume_epoch >= 0 && request.resume_offset > 0) {
     // An epoch of its own begun mid-epoch: exact where its order is kept and
     // the stream still has it from its position on.

@@ -74,6 +74,10 @@ struct StartRequest {
   int64_t resume_epoch = -1;    // resuming its epoch of that number (-1: not resuming) ...
   int64_t resume_position = 0;  // ... at this sample position of it ...
   int64_t resume_offset = 0;    // ... an epoch of its own begun at this sample of the producer's (0: with them)
+  // ... saved while this run of the producer served. A state of another run
+  // (a producer since restarted, or unknown) names positions of that run's
+  // passes: only an epoch's start or end is a place in this run's.
+  bool saved_in_this_run = false;
 };
 
 // Batches of the producer's stream a newcomer gets first, from what the
@@ -99,6 +103,7 @@ struct StartPoint {
   bool caught_up_too_late = false;  // asked to catch up past catch_up_window: starts at the next epoch
   std::string why_not_now;          // asked to join now where the loader's order is not the producer's
                                     // to keep: why (it starts at the next epoch)
+  bool other_run = false;           // resumed mid-epoch from a state of another run: the next pass
 };
 
 class JoinPlan {
@@ -135,6 +140,8 @@ class JoinPlan {
   // exactly — the order it saw kept, and every batch of it from the one
   // holding its position not served yet or still held (`held` says which
   // replays the producer can still give) — else those positions of the next
+  // pass. A state saved in another run of the producer resumes exactly only
+  // at an epoch's start (or end): else those positions of this run's next
   // pass. A replay it may get is one `held` accepted.
   StartPoint start(const StartRequest& request, const std::function<bool(const Replay&)>& held) const;
   Frame next_epoch_frame() const { return Frame{next_epoch_, 0, 0}; }  // with the producer's, from the next epoch

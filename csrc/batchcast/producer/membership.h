@@ -70,6 +70,7 @@ namespace batchcast {
 struct MembershipOptions {
   std::string name;               // the producer's name, for messages
   int64_t producer_pid = 0;
+  uint64_t run = 0;               // this run of the producer (Welcome::run), never 0
   int64_t slots = 8;              // loader batches the ring is sized for
   double straggler_timeout = 0;   // seconds; 0: never evict
   protocol::Ring ring;            // where the ring is (a GPU's UUID) before it exists

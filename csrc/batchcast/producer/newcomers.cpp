@@ -45,6 +45,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
 
   protocol::Welcome w;
   w.producer_pid = options_.producer_pid;
+  w.run = options_.run;
   w.ring = options_.ring;
   w.consumer_id = member.id;
   w.first_epoch = group != 0 ? -1 : member.frame.first_epoch;
@@ -144,6 +145,7 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t f
   request.resume_epoch = hello.resume_epoch;
   request.resume_position = hello.resume_position;
   request.resume_offset = hello.resume_offset;
+  request.saved_in_this_run = hello.resume_run == options_.run;
   std::vector<std::shared_ptr<const protocol::Announcement>> scratch;
   Start s;
   s.point = plan_.start(request, [&](const Replay& r) { return held(r, scratch); });
@@ -159,8 +161,11 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t f
     counters_.resumed_next_pass += 1;
     report(out, Report::Level::Notice,
            pid + " of producer '" + options_.name + "' resumes epoch " + std::to_string(hello.resume_epoch) +
-               " at sample " + std::to_string(p.position) + ", which the producer no longer holds; it gets positions from " +
-               std::to_string(p.position) + " of epoch " + std::to_string(p.frame.first_epoch) + " instead");
+               " at sample " + std::to_string(p.position) +
+               (p.other_run ? ", saved while another run of the producer served (it was restarted since)"
+                            : ", which the producer no longer holds") +
+               "; it gets positions from " + std::to_string(p.position) + " of epoch " +
+               std::to_string(p.frame.first_epoch) + " instead");
   } else if (p.caught_up_too_late) {
     report(out, Report::Level::Notice,
            pid + " joined epoch " + std::to_string(plan_.epoch_in_progress()) + " of producer '" + options_.name +

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "batchcast/common/error.h"
 #include "batchcast/common/threads.h"
@@ -48,10 +49,20 @@ ProducerOptions checked(ProducerOptions options) {
   return options;
 }
 
+// A number for this run of the producer, unlike any other run's: a state a
+// consumer saved names it, so a resume can tell a restarted producer.
+uint64_t new_run() {
+  std::random_device device;
+  uint64_t run = 0;
+  while (run == 0) run = (static_cast<uint64_t>(device()) << 32) ^ device() ^ static_cast<uint64_t>(::getpid());
+  return run;
+}
+
 MembershipOptions membership_options(const ProducerOptions& options, protocol::Ring ring) {
   MembershipOptions m;
   m.name = options.name;
   m.producer_pid = ::getpid();
+  m.run = new_run();
   m.slots = options.slots;
   m.straggler_timeout = options.straggler_timeout.value_or(0);
   m.ring = std::move(ring);

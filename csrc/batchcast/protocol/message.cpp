@@ -209,6 +209,7 @@ void write(Writer& w, const Hello& m) {
   w.put<int64_t>(m.resume_epoch);
   w.put<int64_t>(m.resume_position);
   w.put<int64_t>(m.resume_offset);
+  w.put<uint64_t>(m.resume_run);
 }
 void read(Reader& r, Hello& m) {
   m.pid = r.get<int64_t>();
@@ -220,6 +221,7 @@ void read(Reader& r, Hello& m) {
   m.resume_epoch = r.get<int64_t>();
   m.resume_position = r.get<int64_t>();
   m.resume_offset = r.get<int64_t>();
+  m.resume_run = r.get<uint64_t>();
   if (m.batch_size < 0) throw MalformedMessage("negative batch size");
   if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
       (m.world_size > 0 ? (m.rank >= m.world_size || m.group.empty())
@@ -231,6 +233,7 @@ void read(Reader& r, Hello& m) {
 
 void write(Writer& w, const Welcome& m) {
   w.put<int64_t>(m.producer_pid);
+  w.put<uint64_t>(m.run);
   encode_ring(w, m.ring);
   w.put<uint64_t>(m.consumer_id);
   w.put<int64_t>(m.first_epoch);
@@ -248,6 +251,7 @@ void write(Writer& w, const Welcome& m) {
 }
 void read(Reader& r, Welcome& m) {
   m.producer_pid = r.get<int64_t>();
+  m.run = r.get<uint64_t>();
   m.ring = decode_ring(r);
   m.consumer_id = r.get<uint64_t>();
   m.first_epoch = r.get<int64_t>();
@@ -262,7 +266,7 @@ void read(Reader& r, Welcome& m) {
   m.consumers_wanted = r.get<int32_t>();
   m.consumers_present = r.get<int32_t>();
   m.first_position = r.get<int64_t>();
-  if (m.slots < 2 || m.producer_pid <= 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
+  if (m.slots < 2 || m.producer_pid <= 0 || m.run == 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
       m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0 || m.producer_epoch < -1 ||
       m.consumers_wanted < 0 || m.consumers_present < 0 || m.first_position < 0) {
     throw MalformedMessage("bad welcome");

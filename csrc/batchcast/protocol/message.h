@@ -16,7 +16,7 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x54534342;  // "BCST"
-constexpr uint16_t kVersion = 9;
+constexpr uint16_t kVersion = 10;
 constexpr std::size_t kHeaderBytes = 8;
 
 // Limits that bound what a decoder will allocate for one message.
@@ -91,6 +91,9 @@ struct Hello {
   int64_t resume_epoch = -1;
   int64_t resume_position = 0;
   int64_t resume_offset = 0;
+  // The producer run the resumed state was saved in (Welcome::run; 0: not
+  // known). A position of another run's epoch is not this run's to continue.
+  uint64_t resume_run = 0;
   bool in_group() const { return world_size > 0; }
 };
 
@@ -117,6 +120,9 @@ struct Ring {
 // Producer -> consumer: accepted; where the ring is and which epoch is yours.
 struct Welcome {
   int64_t producer_pid = 0;
+  // This run of the producer (random, never 0): a producer restarted under
+  // the same name is another run, whose epochs are other passes.
+  uint64_t run = 0;
   Ring ring;  // a GPU producer's UUID is set even before its ring exists
   uint64_t consumer_id = 0;
   int64_t first_epoch = 0;

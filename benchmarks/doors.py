@@ -79,7 +79,7 @@ TRAIN = textwrap.dedent("""
             first = time.monotonic() - asked
             if sys.argv[2] == "late":
                 break
-    print(json.dumps({"first_batch": first, "first_position": consumer.stats()["first_position"]}))
+    print(json.dumps({"first_batch": first, "joined_at": consumer.stats()["joined_at"]}))
 """)
 
 
@@ -124,7 +124,7 @@ def once(door: str, tmp: Path, per_sample: float, epoch_seconds: float) -> dict:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return {"first_batch_s": result["first_batch"], "first_position": result["first_position"],
+    return {"first_batch_s": result["first_batch"], "joined_at": result["joined_at"],
             "batches_in_place": seen.get("batches_in_place", 0), "joined_at_s": joined_after}
 
 
@@ -155,11 +155,11 @@ def main() -> None:
     lines = [f"A trainer joining half-way through a ~{args.epoch_seconds:.0f} s epoch "
              f"(shuffled DataLoader, 2 workers, {SAMPLES} samples in batches of {LOADER_BATCH}); "
              f"median [min, max] of {args.repeats}.", "",
-             "| door | first batch after | first_position | batches_in_place |",
+             "| door | first batch after | joined_at | batches_in_place |",
              "|---|---|---|---|"]
     for door, rs in runs.items():
         lines.append(f"| {door} | {cell([r['first_batch_s'] for r in rs], '.2f')} s | "
-                     f"{cell([r['first_position'] for r in rs], '.0f')} | "
+                     f"{cell([r['joined_at'] for r in rs], '.0f')} | "
                      f"{cell([r['batches_in_place'] for r in rs], '.0f')} |")
     table = "\n".join(lines)
     print("\n" + table)

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   };
 
   std::vector<Epoch> epochs;
-  int64_t first_position = 0;
+  int64_t joined_at = 0;
   int64_t batches_per_epoch = -1;
   try {
     batchcast::Consumer consumer(options);  // waits up to --timeout for the producer
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       epochs.push_back(stats);
     }
     const batchcast::ConsumerStats s = consumer.stats();
-    first_position = s.first_position;
+    joined_at = s.joined_at;
     std::printf("consumer: %lld batches as %lld views and %lld copies\n",
                 static_cast<long long>(s.batches), static_cast<long long>(s.views),
                 static_cast<long long>(s.copies));
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
 
   if (!args.report.empty()) {
     std::ofstream out(args.report);
-    out << "{\"batch_size\": " << args.batch_size << ", \"first_position\": " << first_position
+    out << "{\"batch_size\": " << args.batch_size << ", \"joined_at\": " << joined_at
         << ", \"batches_per_epoch\": " << batches_per_epoch << ", \"epochs\": [";
     for (size_t i = 0; i < epochs.size(); ++i) {
       const Epoch& s = epochs[i];

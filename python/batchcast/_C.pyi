@@ -98,6 +98,7 @@ class ReportLevel:
 # ---- module functions ---------------------------------------------------------
 
 def cuda_built() -> bool: ...
+def dtypes() -> list[str]: ...  # the dtypes batchcast shares, as torch names them, in wire order
 def tensor_crossing() -> str: ...  # "exchange" or "capsules"
 def exit_with_process(pid: int, code: int = 1) -> None: ...
 def cuda_device_count() -> int: ...
@@ -127,7 +128,7 @@ class Producer:
         cuda_device: int = -1,
         linger: float = 30.0,
         loader: str = "",
-        join_any_time: bool = False,
+        join_now: bool = False,
         epochs: int = -1,
     ) -> None: ...
     def wait_for_consumers(self, count: int, timeout: float = -1.0) -> bool: ...
@@ -180,7 +181,7 @@ class Consumer:
         world_size: int = 0,
         resume_epoch: int = -1,
         resume_position: int = 0,
-        resume_offset: int = 0,
+        resume_joined_at: int = 0,
         resume_run: int = 0,
         empty_past_last_epoch: bool = False,
         writable: bool = False,
@@ -240,7 +241,7 @@ class _testing:
 
     # The producer's join plan alone (csrc/batchcast/producer/join_plan.h).
     class JoinPlan:
-        def __init__(self, join_any_time: bool, samples_per_epoch: int, batches_per_epoch: int,
+        def __init__(self, join_now: bool, samples_per_epoch: int, batches_per_epoch: int,
                      epochs: int = -1) -> None: ...
         def joined(self, member: int, offset: int) -> None: ...
         def left(self, member: int) -> None: ...

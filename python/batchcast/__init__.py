@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 # Cheap (no torch): warnings, and what `batchcast status` and `--help` need.
 from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning, ResumeWarning
-from .options import Augment, Group, Join, Pad, Placement
+from .options import Augment, Cache, Group, Join, Pad, Placement
 
 if TYPE_CHECKING:
     from . import ray
@@ -94,6 +94,7 @@ def cuda_available() -> bool:
 __all__ = [
     "Augment",
     "BatchcastWarning",
+    "Cache",
     "Consumer",
     "CudaError",
     "EpochsExhausted",

@@ -60,15 +60,15 @@ class _DoesNotFit(Exception):
     pass
 
 
-def _nbytes(t: RingTensor) -> int:
+def nbytes_of(t: RingTensor) -> int:
     n = t.dtype.itemsize
     for size in t.shape:
         n *= size
     return n
 
 
-def _view(ring: torch.Tensor, t: RingTensor) -> torch.Tensor:
-    return ring[t.offset:t.offset + _nbytes(t)].view(t.dtype).view(t.shape)
+def view_of(ring: torch.Tensor, t: RingTensor) -> torch.Tensor:
+    return ring[t.offset:t.offset + nbytes_of(t)].view(t.dtype).view(t.shape)
 
 
 _NOT_A_LEAF = object()
@@ -126,10 +126,10 @@ class _SlotWriter:
         if lane >= len(self.lease.offsets):
             raise _DoesNotFit("more tensors than the first batch")
         placed = RingTensor(self.lease.offsets[lane], tuple(shape), dtype)
-        if _nbytes(placed) > self.lease.bytes[lane] or placed.offset % dtype.itemsize != 0:
+        if nbytes_of(placed) > self.lease.bytes[lane] or placed.offset % dtype.itemsize != 0:
             raise _DoesNotFit("larger than the first batch")
         self.lane += 1
-        return _view(self.ring, placed), placed
+        return view_of(self.ring, placed), placed
 
     def stack(self, batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> RingTensor:
         elem = batch[0]
@@ -292,7 +292,7 @@ class collate:
 
 def materialize(node: Any, ring: torch.Tensor) -> Any:
     """A worker's batch with its RingTensors as views of the producer's ring."""
-    return _map_leaves(node, lambda x: _view(ring, x) if isinstance(x, RingTensor) else _NOT_A_LEAF)
+    return _map_leaves(node, lambda x: view_of(ring, x) if isinstance(x, RingTensor) else _NOT_A_LEAF)
 
 
 class _LeasingBatches(WrappedBatchSampler):
@@ -360,6 +360,16 @@ class Leaser:
         # loader behaves the same.
         object.__setattr__(loader, "batch_sampler", _LeasingBatches(self._batch_sampler, self))
         object.__setattr__(loader, "dataset", WritingDataset(self._dataset))
+
+    @property
+    def dataset(self) -> Any:
+        """The loader's own dataset (while leasing, the loader holds a wrapper)."""
+        return self._dataset
+
+    @property
+    def collate_fn(self) -> Callable[[list[Any]], Any]:
+        """The loader's own collate function."""
+        return self._collate  # type: ignore[no-any-return]
 
     def _lease(self) -> tuple[int, int, int, list[int], list[int]] | None:
         if self.core is None or self.off:

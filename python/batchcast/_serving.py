@@ -21,12 +21,14 @@ from ._display import Live, Screen, ScreenLog, duration, epoch_progress
 from ._loader_spec import load_function, make_loader
 
 if TYPE_CHECKING:
+    from .options import Cache
     from .producer import Producer
 
 
 def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epochs: int | None,
           slots: int, ring_bytes: int, samples_per_epoch: int | None, min_consumers: int,
-          straggler_timeout: float | None, refresh: float | None, show_traceback: bool) -> int:
+          straggler_timeout: float | None, refresh: float | None, show_traceback: bool,
+          cache: Cache | None = None) -> int:
     """Serves; returns the exit status (CliError for what fails)."""
     from ._core import _C
     from ._device import parse_device
@@ -74,7 +76,7 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
             producer = Producer(loader, name, device=device, epochs=epochs,
                                 min_consumers=min_consumers, slots=slots, ring_bytes=ring_bytes,
                                 straggler_timeout=straggler_timeout,
-                                samples_per_epoch=samples_per_epoch)
+                                samples_per_epoch=samples_per_epoch, cache=cache)
         except _C.NameInUse as exc:
             raise CliError(f"{exc} (stop that producer, or pass --name)") from exc
         except (ValueError, TypeError) as exc:  # an invalid name, say

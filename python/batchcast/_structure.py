@@ -227,6 +227,29 @@ def sample_of(tree: list[Any], leaves: Sequence[Any], i: int) -> Any:
     return _build(tree, leaves, i)
 
 
+def leaf_paths(tree: list[Any]) -> list[str]:
+    """Where each leaf lies in a batch laid out as `tree`, as the user
+    writes it (``batch['image']``, ``batch[1]``, ``batch.label``), by leaf."""
+    paths: dict[int, str] = {}
+    _paths(tree, "batch", paths)
+    return [paths[k] for k in sorted(paths)]
+
+
+def _paths(node: list[Any], path: str, out: dict[int, str]) -> None:
+    tag = node[0]
+    if tag in ("T", "S"):
+        out[node[1]] = path
+    elif tag == "d":
+        for key, child in zip(node[1], node[2]):
+            _paths(child, f"{path}[{key!r}]", out)
+    elif tag in ("t", "l"):
+        for i, child in enumerate(node[1]):
+            _paths(child, f"{path}[{i}]", out)
+    elif tag == "n":
+        for field, child in zip(node[3], node[4]):
+            _paths(child, f"{path}.{field}", out)
+
+
 def _build(node: list[Any], leaves: Sequence[Any], i: int | None) -> Any:
     # Module level on purpose: a recursive closure is a reference cycle that would
     # keep each batch's tensors, and so their ring slots, alive until gc runs.

@@ -17,8 +17,15 @@ it is seeded per sample (the caller's state saved and restored around each)
 and so runs one sample at a time, in the thread that asks for the batch (and
 one at a time across the process: the global generator is one per process).
 
-Batches on a GPU are transformed on a side stream of their device; the
-stream that asks for the batch waits for that work before it gets the batch.
+With threads, one batch is fetched and transformed ahead of the training
+loop (from an epoch's second batch on), on a fetch thread of its own.
+
+Batches on a GPU are transformed on a side stream of their device. Its order:
+the side stream waits for the stream that took the batch (the training loop's
+current stream; for a batch fetched ahead, the side stream itself, so nothing:
+it never waits for the training loop's work), the transform's work is queued
+on it, and the stream that asks for the batch waits on an event recorded on
+the side stream after that work, before it gets the batch.
 """
 
 from __future__ import annotations
@@ -28,13 +35,13 @@ import concurrent.futures.thread  # noqa: F401  (its exit hook is registered bef
 import contextlib
 import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple
 
 import torch
 
 from . import _forks
 from ._core import _C
-from ._structure import sample_of
+from ._structure import sample_of, tree_of, unflatten
 from .options import takes_generator
 
 _MASK = (1 << 64) - 1
@@ -239,6 +246,87 @@ def _rebuild(template: Any, leaves: Any) -> Any:
     return next(leaves)
 
 
+class SideStreams:
+    """The transform's side stream on each GPU, and the stream order around
+    it; every CUDA call of the transform is here.
+
+    For one batch: the side stream waits for the stream that took it
+    (`follow`, as the batch's transform starts), the transform's work is
+    queued on the side stream (`on`, in the threads that run it), and the
+    stream that asks for the batch waits on an event recorded on the side
+    stream after that work (`hand_over`)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[Any, Any] = {}
+
+    def gpu_of(self, leaves: list[Any]) -> Any:
+        """The GPU a batch's tensors are on, or None (a batch on the host)."""
+        return next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
+
+    def side(self, device: Any) -> Any:
+        """The side stream of GPU `device` (made once)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        return stream
+
+    def in_use(self) -> Any:
+        """The side stream it has worked on, or None (it has had no GPU batch)."""
+        return next(iter(self._streams.values()), None)
+
+    def on(self, stream: Any) -> ContextManager[Any]:
+        """`stream` (and its GPU) made this thread's current one; nothing for None."""
+        if stream is None:
+            return contextlib.nullcontext()
+        both = contextlib.ExitStack()
+        both.enter_context(torch.cuda.device(stream.device))
+        both.enter_context(torch.cuda.stream(stream))
+        return both
+
+    def follow(self, side: Any, device: Any) -> None:
+        """The side stream waits for the work queued so far on this thread's
+        current stream of `device`, the one that took the batch (for a batch
+        taken on the side stream itself, nothing to wait for)."""
+        taken_on = torch.cuda.current_stream(device)
+        if taken_on != side:
+            side.wait_stream(taken_on)
+
+    def hand_over(self, side: Any, device: Any, tensors: list[torch.Tensor]) -> None:
+        """This thread's current stream of `device`, the one that asks for the
+        batch, waits on an event recorded on the side stream now (its batch's
+        work is queued); `tensors`, made on the side stream, are then in use
+        on the asking stream (the allocator must not hand their memory out
+        again before it is past them)."""
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(side)
+        current = torch.cuda.current_stream(device)
+        current.wait_event(done)
+        for t in tensors:
+            t.record_stream(current)
+
+
+class Taken(NamedTuple):
+    """A batch as the consumer takes it from its core, and where the
+    consumer then stands (for state_dict)."""
+
+    layout: Any
+    leaves: list[Any]
+    samples: int
+    ids: torch.Tensor
+    indexed: bool
+    position: tuple[int, int]
+
+
+class _Fetched(NamedTuple):
+    """A batch taken: its samples' identities, where the consumer then
+    stands, and the batch, or its transform under way."""
+
+    ids: torch.Tensor
+    position: tuple[int, int]
+    batch: Any
+    pending: "Pending | None"
+
+
 class Pending:
     """One batch being transformed: `result()` waits for it."""
 
@@ -252,15 +340,17 @@ class Pending:
         self.samples = int(ids.numel())
         self.out = _Collated(self.samples)
         self.errors: dict[int, BaseException] = {}
-        self.cuda = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
+        streams = work.streams
+        self.cuda = streams.gpu_of(leaves)
         self.stream: Any = None
         self.tasks: list[futures.Future[None]] = []
         identities = ids.tolist()
         self.identities = identities
         if self.cuda is not None:
-            self.stream = work.side_stream(self.cuda)
-            # The samples are ready on the stream that took the batch.
-            self.stream.wait_stream(torch.cuda.current_stream(self.cuda))
+            self.stream = streams.side(self.cuda)
+            # The samples are ready on the stream that took the batch: made
+            # where it was taken (Transform._fetch), this thread's current one.
+            streams.follow(self.stream, self.cuda)
         if work.pool is None:
             self._run(layout, 0, self.samples)
         else:
@@ -277,10 +367,7 @@ class Pending:
         return what
 
     def _run(self, layout: Any, a: int, b: int) -> None:
-        if self.stream is not None:
-            with torch.cuda.device(self.cuda), torch.cuda.stream(self.stream):
-                self._samples(layout, a, b)
-        else:
+        with self.work.streams.on(self.stream):  # the transform's work: on the side stream
             self._samples(layout, a, b)
 
     def _samples(self, layout: Any, a: int, b: int) -> None:
@@ -318,15 +405,12 @@ class Pending:
                 f"{type(exc).__name__}: {exc}", self.identities[i], self.epoch) from exc
         batch = self.out.batch() if self.samples > 0 else None
         if self.stream is not None:
-            # The asking stream waits for the side stream's work; the batch's
-            # memory is then in use on it (the allocator must not hand it out
-            # again before it is past it); the ring's samples go back only
-            # after that wait (their release is recorded on the asking stream).
-            current = torch.cuda.current_stream(self.cuda)
-            current.wait_stream(self.stream)
-            for t in self.out.tensors:
-                if t is not None:
-                    t.record_stream(current)
+            # The asking stream waits for the side stream's work (an event
+            # recorded on the side stream, every chunk's work queued by now);
+            # the ring's samples go back only after that wait (their release
+            # is recorded on the asking stream).
+            self.work.streams.hand_over(self.stream, self.cuda,
+                                        [t for t in self.out.tensors if t is not None])
         self.leaves = []
         return batch
 
@@ -336,7 +420,13 @@ class Pending:
 
 
 class Transform:
-    """A consumer's transform: the function, its seed and its threads."""
+    """A consumer's transform: the function, its seed, its threads (a pool
+    for the samples, and with it a fetch thread that takes and transforms the
+    next batch while the training loop uses this one) and its side streams.
+
+    The consumer calls `epoch` (the epoch's batches, transformed, with their
+    identities), `drop_ahead` (the epoch was left, or the consumer restarts),
+    `close`; `handed` is where the consumer stands while a batch is ahead."""
 
     def __init__(self, fn: Callable[..., Any], seed: int, threads: int, name: str) -> None:
         self.fn = fn
@@ -345,24 +435,82 @@ class Transform:
         self.with_generator = takes_generator(fn)
         self.threads = threads if self.with_generator else 0
         self.pool: futures.ThreadPoolExecutor | None = None
+        self._fetcher: futures.ThreadPoolExecutor | None = None
         if self.threads > 0:
             self.pool = futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"batchcast-transform-{name}")
-        self._streams: dict[Any, Any] = {}
+            self._fetcher = futures.ThreadPoolExecutor(1, thread_name_prefix=f"batchcast-fetch-{name}")
+        self.streams = SideStreams()
+        # One batch fetched and transformed ahead of the training loop, and
+        # where the consumer stands without it (the batch it handed out).
+        self._ahead: futures.Future[_Fetched | None] | None = None
+        self.handed: tuple[int, int] | None = None
 
-    def side_stream(self, device: Any) -> Any:
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        return stream
+    def epoch(self, take: Callable[[], Taken | None], number: int) -> Iterator[tuple[Any, torch.Tensor]]:
+        """The batches `take` gives, transformed, with their identities:
+        `number` is the consumer's count of the epoch (the seeds use it). With
+        threads, from the second batch on the next batch is fetched and
+        transformed while the training loop uses this one (not after the
+        first: a peek, next(iter(loader)), gives that one back)."""
+        taken = 0
+        while True:
+            ahead, self._ahead = self._ahead, None
+            got = self._fetch(take, number) if ahead is None else ahead.result()
+            if got is None:
+                self.handed = None
+                return
+            taken += 1
+            self.handed = None
+            # (its samples in the ring are let go before the next is taken)
+            batch = got.batch if got.pending is None else got.pending.result()
+            if self._fetcher is not None and taken >= 2:
+                self.handed = got.position  # where the consumer stands with this batch
+                self._ahead = self._fetcher.submit(self._fetch, take, number, True)
+            yield batch, got.ids
 
-    def stream_in_use(self) -> Any:
-        """The side stream it has worked on, or None (it has had no GPU batch)."""
-        return next(iter(self._streams.values()), None)
+    def _fetch(self, take: Callable[[], Taken | None], number: int, ahead: bool = False) -> _Fetched | None:
+        """The next batch, its transform started (`ahead`: in the fetch
+        thread, while the training loop uses the batch before). The fetch
+        thread takes GPU batches on the side stream, which then holds their
+        ring slots until it is past them (the training loop's own fetches take
+        them on its current stream); the transform starts on the same stream,
+        so the side stream waits for the stream that took the batch, never
+        for the training loop's work when the batch was taken ahead."""
+        with self.streams.on(self.streams.in_use() if ahead else None):
+            got = take()
+            if got is None:
+                return None
+            if got.samples == 0:
+                return _Fetched(got.ids, got.position, unflatten(got.layout, got.leaves), None)
+            pending = Pending(self, tree_of(got.layout), got.leaves, got.ids, got.indexed, number)
+            return _Fetched(got.ids, got.position, None, pending)
 
-    def start(self, layout: Any, leaves: list[Any], ids: torch.Tensor, indexed: bool, epoch: int) -> Pending:
-        return Pending(self, layout, leaves, ids, indexed, epoch)
+    def drop_ahead(self) -> None:
+        """Discards a batch fetched ahead (the epoch was left, or the
+        consumer restarts or closes)."""
+        ahead, self._ahead = self._ahead, None
+        self.handed = None
+        if ahead is None:
+            return
+        try:
+            got = ahead.result()
+        except BaseException:  # the epoch was left: what it would have raised is moot
+            return
+        if got is not None and got.pending is not None:
+            got.pending.cancel()
+            try:
+                got.pending.result()
+            except Exception:
+                pass
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        """Drops what is ahead, then ends the fetch thread and the sample
+        threads (waiting for what they are doing)."""
+        try:
+            self.drop_ahead()
+        finally:
+            if self._fetcher is not None:
+                self._fetcher.shutdown(wait=True)
+                self._fetcher = None
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                self.pool = None

@@ -107,12 +107,22 @@ def main(argv: list[str] | None = None) -> int:
               metavar="SECONDS",
               help="Evict a consumer that holds the producer up longer than this. "
                    "Default: wait for the slowest.")
+@click.option("--cache", type=click.Choice(["memory", "disk"]), default=None,
+              help="Keep each sample the loader decodes in its first epoch and make every later "
+                   "epoch from them (the loader's samples must be the same every epoch: random "
+                   "augmentation goes in the trainers' transform=). disk: a file the next "
+                   "`batchcast serve` of this name over the same data starts from.")
+@click.option("--cache-dir", default=None, metavar="DIR",
+              help="Where a disk cache lives (with --cache disk). Default: "
+                   "$XDG_CACHE_HOME/batchcast or ~/.cache/batchcast.")
+@click.option("--cache-key", default="", metavar="TEXT",
+              help="What else tells the cached data apart (a version of the decoding, say).")
 @click.option("--refresh", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Status refresh interval; 0: no live status. "
                    "Default: 1 on a terminal, 5 otherwise.")
 def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epochs: int | None,
           slots: int, ring_bytes: int, samples_per_epoch: int | None, min_consumers: int,
-          straggler_timeout: float | None,
+          straggler_timeout: float | None, cache: str | None, cache_dir: str | None, cache_key: str,
           refresh: float | None) -> int:
     """Serve the loader that FUNCTION in PATH.py returns to every trainer that
     asks for it by name.
@@ -134,9 +144,16 @@ def serve(spec: str, args: tuple[str, ...], name: str | None, device: str, epoch
     A loader that raises gives consumers batchcast.LoaderError and exits 1.
     """
     from ._serving import serve as serve_loader
+    from .options import Cache
 
+    if (cache_dir is not None or cache_key) and cache is None:
+        raise click.UsageError("--cache-dir and --cache-key go with --cache memory|disk")
+    try:
+        decoded = None if cache is None else Cache(cache, directory=cache_dir, key=cache_key)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     return serve_loader(spec, args, name, device, epochs, slots, ring_bytes, samples_per_epoch,
-                        min_consumers, straggler_timeout, refresh, _SHOW_TRACEBACK)
+                        min_consumers, straggler_timeout, refresh, _SHOW_TRACEBACK, decoded)
 
 
 # ---- status -----------------------------------------------------------------------------

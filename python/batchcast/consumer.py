@@ -3,28 +3,18 @@ script. Yields the producer's batches rebatched to this consumer's size."""
 
 from __future__ import annotations
 
-import concurrent.futures as futures
-import contextlib
+import functools
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping
 
 from ._core import _C
-from ._structure import tree_of, unflatten
-from ._transform import Pending, Transform, default_threads
+from ._structure import unflatten
+from . import _state
+from ._loader_like import EpochBatches, EpochSamples, WithIndices
+from ._transform import Taken, Transform, default_threads
 from .options import Augment, Group, Join, Pad, Placement, takes_generator
 
-if TYPE_CHECKING:
-    from typing import TypedDict
-
-    class _Resume(TypedDict, total=False):
-        resume_epoch: int
-        resume_position: int
-        resume_offset: int
-        resume_run: int
-
-
-_STATE_FORMAT = "batchcast.Consumer/1"
 
 
 def _name_the_line_that_writes() -> None:
@@ -47,17 +37,6 @@ def _name_the_line_that_writes() -> None:
             continue
 
 
-class _Fetched(NamedTuple):
-    """A batch taken from the core: its samples' identities, where the
-    consumer then stands (for state_dict), and the batch, or its transform
-    under way."""
-
-    ids: Any
-    position: tuple[int, int]
-    batch: Any
-    pending: Pending | None
-
-
 def _transform_of(augment: Augment, name: str) -> Transform:
     seed = augment.seed
     if seed is None:
@@ -70,79 +49,6 @@ def _transform_of(augment: Augment, name: str) -> Transform:
     if threads is None:
         threads = default_threads() if takes_generator(augment.fn) else 0
     return Transform(augment.fn, seed, threads, name)
-
-
-class EpochSamples:
-    """A consumer's epoch as a DataLoader's dataset or sampler looks: its
-    length, nothing to index (the samples are the producer's)."""
-
-    def __init__(self, consumer: "Consumer", share: bool = False) -> None:
-        self._consumer = consumer
-        self._share = share  # a group's rank: its part of the epoch (as a DistributedSampler's)
-
-    def __len__(self) -> int:
-        c = self._consumer
-        core = c._live()
-        n = core.own_samples_per_epoch if self._share else core.samples_per_epoch
-        if n < 0:
-            raise TypeError(
-                f"the samples per epoch of consumer '{c.name}' are unknown until the "
-                "producer's first epoch ends; pass samples_per_epoch= to the Producer "
-                "(batchcast serve --samples-per-epoch N)")
-        return int(n)
-
-    def __getitem__(self, index: Any) -> Any:
-        raise TypeError(
-            f"consumer '{self._consumer.name}' has no samples to index: they are loaded by its "
-            "producer and arrive in batches (iterate the consumer)")
-
-    def __iter__(self) -> Iterator[Any]:
-        raise TypeError(
-            f"consumer '{self._consumer.name}' has no sampler to iterate: the producer's loader "
-            "orders the samples (iterate the consumer for its batches)")
-
-    def set_epoch(self, epoch: int) -> None:
-        """Accepted and ignored, as the producer's loader orders each epoch."""
-
-    def __repr__(self) -> str:
-        return f"<batchcast epoch of consumer {self._consumer.name!r}>"
-
-
-class EpochBatches(EpochSamples):
-    """A consumer's epoch as a DataLoader's batch_sampler looks."""
-
-    def __len__(self) -> int:
-        return len(self._consumer)
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._consumer.batch_size
-
-    @property
-    def drop_last(self) -> bool:
-        return self._consumer.drop_last
-
-    @property
-    def sampler(self) -> EpochSamples:
-        return EpochSamples(self._consumer, share=True)
-
-
-class WithIndices:
-    """A consumer's epochs with each batch's sample identities
-    (``Consumer.with_indices()``): each ``iter()`` is one epoch of
-    ``(batch, indices)``."""
-
-    def __init__(self, consumer: "Consumer") -> None:
-        self._consumer = consumer
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._consumer._iterate(indices=True)
-
-    def __len__(self) -> int:
-        return len(self._consumer)
-
-    def __repr__(self) -> str:
-        return f"<batchcast epochs with indices of consumer {self._consumer.name!r}>"
 
 
 class Consumer:
@@ -187,7 +93,7 @@ class Consumer:
     start while its first batches are still retained. ``bc.Join(when,
     past_last_epoch=..., runtime_dir=...)`` also says what an epoch asked for
     after the producer's last one does, and where the producer is found.
-    ``stats()["first_position"]`` says where its epochs begin in the
+    ``stats()["joined_at"]`` says where its epochs begin in the
     producer's (0: they are the producer's).
 
     ``group=bc.Group(name, rank, world_size)`` makes this consumer one rank of
@@ -281,14 +187,7 @@ class Consumer:
         # are counted from there: a transform's seeds use that count).
         self._epoch_zero: int | None = None
         self._resumed_number = 0  # the epoch number a restored state was in
-        # One batch fetched and transformed ahead of the training loop (a
-        # transform with threads), and where the consumer stands without it.
-        self._ahead: futures.Future[_Fetched | None] | None = None
-        self._handed: tuple[int, int] | None = None
         self._core_lock = threading.Lock()
-        self._fetcher: futures.ThreadPoolExecutor | None = None
-        if self._transform is not None and self._transform.pool is not None:
-            self._fetcher = futures.ThreadPoolExecutor(1, thread_name_prefix=f"batchcast-fetch-{name}")
         # _C.Consumer's keywords (its options list; kept to reconnect): each
         # option object says what it means to the core.
         self._options: dict[str, Any] = dict(
@@ -304,41 +203,27 @@ class Consumer:
         self._core = self._open(state)
 
     def _open(self, state: dict[str, Any] | None) -> _C.Consumer:
-        resume: _Resume = {}
+        resume: _state.Resume = {}
         if state is not None:
             self._check_state(state)
             self._epoch_zero = None
             self._resumed_number = int(state.get("epoch_number", 0))
             if self._transform is not None and state.get("seed") is not None:
                 self._transform.seed = int(state["seed"])
-            if state["epoch"] is not None:
-                resume = {"resume_epoch": int(state["epoch"]),
-                          "resume_position": int(state["position"]),
-                          "resume_offset": int(state.get("offset", 0)),
-                          "resume_run": int(state.get("run", 0))}
+            resume = _state.resume_from(state)
         core = _C.Consumer(**self._options, **resume)
-        loader = core.stats()["loader"]
-        if state is not None and state.get("loader") and loader and state["loader"] != loader:
+        other = _state.other_loader(state, self.name, core.stats()["loader"])
+        if other is not None:
             core.close()
-            raise ValueError(
-                f"this state was saved from a consumer of another loader ({state['loader']!r}); "
-                f"producer '{self.name}' serves {loader!r}. Restore it against the loader it "
-                "was saved from")
+            raise ValueError(other)
         return core
 
     def _check_state(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("not a batchcast.Consumer state_dict() (or one of another batchcast "
-                             f"version): {state!r}")
         mine = {"producer": self.name, "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "group": self.group, "rank": self.rank, "world_size": self.world_size}
         if self._transform is not None and self._seed_given and state.get("seed") is not None:
             mine["seed"] = self._transform.seed
-        for key, value in mine.items():
-            if state.get(key) != value:
-                raise ValueError(
-                    f"this state was saved by a consumer with {key}={state.get(key)!r}; this one "
-                    f"has {key}={value!r}. Restore it into a consumer made as the one that saved it")
+        _state.check(state, mine)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this consumer stands, for ``load_state_dict`` or ``state=``:
@@ -350,14 +235,20 @@ class Consumer:
         with self._core_lock:
             epoch, position = self._handed or core.position()
             stats = core.stats()
-        return {"format": _STATE_FORMAT, "producer": self.name,
-                "epoch": epoch if epoch >= 0 else None, "position": int(position),
-                "offset": int(stats["first_position"]),
-                "epoch_number": self._number_of(epoch) if epoch >= 0 else self._resumed_number,
-                "seed": None if self._transform is None else self._transform.seed,
-                "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "group": self.group, "rank": self.rank, "world_size": self.world_size,
-                "loader": stats["loader"], "run": int(stats["run"])}
+        return _state.saved(
+            producer=self.name, epoch=epoch if epoch >= 0 else None, position=int(position),
+            joined_at=int(stats["joined_at"]),
+            epoch_number=self._number_of(epoch) if epoch >= 0 else self._resumed_number,
+            seed=None if self._transform is None else self._transform.seed,
+            batch_size=self.batch_size, drop_last=self.drop_last,
+            group=self.group, rank=self.rank, world_size=self.world_size,
+            loader=stats["loader"], run=int(stats["run"]))
+
+    @property
+    def _handed(self) -> tuple[int, int] | None:
+        """Where the consumer stands with the batch it handed out while its
+        transform fetches the next one ahead (None: where the core stands)."""
+        return None if self._transform is None else self._transform.handed
 
     def _number_of(self, epoch: int) -> int:
         """This consumer's own count of the epoch that begins in (or lies
@@ -405,69 +296,34 @@ class Consumer:
             yield unflatten(layout, leaves)
 
     def _epoch_of(self, core: _C.Consumer, number: int, indices: bool) -> Iterator[Any]:
-        """An epoch with the transform applied and/or the indices handed out.
-        With transform threads, from the second batch on the next batch is
-        fetched and transformed while the training loop uses this one (not
-        after the first: a peek, next(iter(loader)), gives that one back)."""
-        taken = 0
-        while True:
-            ahead, self._ahead = self._ahead, None
-            got = self._fetch(core, number) if ahead is None else ahead.result()
-            if got is None:
-                self._handed = None
-                return
-            taken += 1
-            self._handed = None
-            # (its samples in the ring are let go before the next is taken)
-            batch = got.batch if got.pending is None else got.pending.result()
-            if self._fetcher is not None and taken >= 2:
-                self._handed = got.position  # where the consumer stands with this batch
-                self._ahead = self._fetcher.submit(self._fetch, core, number, True)
-            yield (batch, got.ids) if indices else batch
-
-    def _fetch(self, core: _C.Consumer, number: int, ahead: bool = False) -> _Fetched | None:
-        """The next batch from the core, its transform started (`ahead`: in
-        the fetch thread, while the training loop uses the batch before)."""
+        """An epoch with the transform applied and/or the indices handed out
+        (the transform fetches its batches, one ahead with threads)."""
+        take = functools.partial(self._take, core)
         work = self._transform
-        with self._core_lock, self._stream(ahead):
+        batches = self._untransformed(take) if work is None else work.epoch(take, number)
+        for batch, ids in batches:
+            yield (batch, ids) if indices else batch
+
+    @staticmethod
+    def _untransformed(take: Callable[[], Taken | None]) -> Iterator[tuple[Any, Any]]:
+        while (got := take()) is not None:
+            yield unflatten(got.layout, got.leaves), got.ids
+
+    def _take(self, core: _C.Consumer) -> Taken | None:
+        """The next batch from the core, with its samples' identities and
+        where the consumer then stands."""
+        with self._core_lock:
             item = core.next(indices=True)
             if item is None:
                 return None
             layout, leaves, samples, ids, indexed = item
-            position = core.position()
-        if work is None or samples == 0:
-            return _Fetched(ids, position, unflatten(layout, leaves), None)
-        return _Fetched(ids, position, None, work.start(tree_of(layout), leaves, ids, indexed, number))
-
-    def _stream(self, ahead: bool) -> Any:
-        """Where the fetch thread takes GPU batches: on the transform's side
-        stream, which then holds their ring slots until it is past them (the
-        training loop's own fetches take them on its current stream)."""
-        work = self._transform
-        stream = work.stream_in_use() if work is not None and ahead else None
-        if stream is None:
-            return contextlib.nullcontext()
-        import torch
-
-        return torch.cuda.stream(stream)
+            return Taken(layout, leaves, samples, ids, indexed, core.position())
 
     def _drop_ahead(self) -> None:
         """Discards a batch fetched ahead (the epoch was left, or the
         consumer restarts or closes)."""
-        ahead, self._ahead = self._ahead, None
-        self._handed = None
-        if ahead is None:
-            return
-        try:
-            got = ahead.result()
-        except BaseException:  # the epoch was left: what it would have raised is moot
-            return
-        if got is not None and got.pending is not None:
-            got.pending.cancel()
-            try:
-                got.pending.result()
-            except Exception:
-                pass
+        if self._transform is not None:
+            self._transform.drop_ahead()
 
     def __len__(self) -> int:
         n = self._live().batches_per_epoch
@@ -534,18 +390,10 @@ class Consumer:
             # A forked child's copy (or a consumer never made): the connection,
             # the threads and what they fetched are the parent's; nothing of
             # them is waited for, closed or given back here.
-            self._core = self._fetcher = self._transform = self._ahead = None
+            self._core = self._transform = None
             return
-        try:
-            self._drop_ahead()
-        finally:
-            for pool in (self._fetcher, self._transform):
-                if pool is not None:
-                    if isinstance(pool, Transform):
-                        pool.close()
-                    else:
-                        pool.shutdown(wait=True)
-            self._fetcher = None
+        if self._transform is not None:
+            self._transform.close()  # what is ahead dropped, its threads ended
         core, self._core = self._core, None
         if core is not None:
             self._stats = core.stats()

@@ -19,6 +19,7 @@ here, in the core's options list (``consumer.h``) and where the core uses it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -304,3 +305,58 @@ class Placement:
     def of(value: Any) -> Placement:
         """`device=` as given: a Placement, a device, or None."""
         return value if isinstance(value, Placement) else Placement(value)
+
+
+CACHE_WHERE = ("memory", "disk")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """A producer's decoded cache (``Producer(loader, name, cache=...)``):
+    the loader's first epoch is served as ever and each sample it decodes is
+    kept, by its dataset index; every later epoch (and, on disk, the next
+    sweep's) is assembled from the kept samples in the order the loader's
+    sampler gives, without running the loader. Only for a loader whose
+    samples are the same every epoch: random augmentation belongs in the
+    consumers' ``transform=`` (each epoch the producer re-decodes ``check``
+    samples and compares: a difference turns the cache off, with a WARNING
+    naming the leaf).
+
+    ``where``: ``"memory"`` (the producer's memory, at most ``max_bytes``;
+    default half the memory available when it is made) or ``"disk"`` (a file
+    in ``directory``, default ``$XDG_CACHE_HOME/batchcast`` or
+    ``~/.cache/batchcast``, mapped: the page cache keeps it in memory, and
+    the next producer of that name over the same data starts from it).
+    ``key``: anything else that tells your data apart (a version of the
+    decoding, say); the dataset's type and length and the samples' shapes
+    and dtypes are checked anyway. ``cache="memory"`` is
+    ``cache=bc.Cache("memory")``."""
+
+    where: str = "memory"
+    directory: str | None = None
+    key: str = ""
+    max_bytes: int | None = None
+    check: int = 4
+
+    def __post_init__(self) -> None:
+        if self.where not in CACHE_WHERE:
+            raise ValueError(f"Cache's where must be 'memory' or 'disk', not {self.where!r}")
+        if self.directory is not None and not isinstance(self.directory, (str, os.PathLike)):
+            raise TypeError(f"Cache's directory must be a path, not {self.directory!r}")
+        if self.directory is not None and self.where != "disk":
+            raise ValueError("Cache: directory= is where a disk cache lives; pass where=\"disk\" with it")
+        if not isinstance(self.key, str):
+            raise TypeError(f"Cache's key must be a str, not {self.key!r}")
+        if self.max_bytes is not None and (not _is_int(self.max_bytes) or self.max_bytes <= 0):
+            raise ValueError(f"Cache's max_bytes must be None or an int > 0, not {self.max_bytes!r}")
+        if not _is_int(self.check) or self.check < 0:
+            raise ValueError(f"Cache's check must be an int >= 0 (samples re-decoded per epoch), not {self.check!r}")
+
+    @staticmethod
+    def of(value: Any) -> Cache | None:
+        """`cache=` as given: None, "memory", "disk" or a Cache."""
+        if value is None or isinstance(value, Cache):
+            return value
+        if isinstance(value, str) and value in CACHE_WHERE:
+            return Cache(value)
+        raise TypeError(f"cache must be None, 'memory', 'disk' or a batchcast.Cache, not {value!r}")

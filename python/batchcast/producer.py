@@ -8,15 +8,17 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import Any, Callable, Generator, Iterable, Iterator, cast
 
+from ._cache import DecodedCache, why_not_cached
 from ._core import _C
 from ._device import parse_device
 from ._identity import SampleIndices, why_unknown
-from ._in_ring import Leaser
+from ._in_ring import Leaser, RingTensor, nbytes_of, view_of
 from ._loader_watch import LoaderWatch, starting_workers, worker_pids
 from ._order import BlockOrder, steering
 from ._structure import flatten_after
+from .options import Cache
 
 _log = logging.getLogger("batchcast")
 # Producers serving from a background thread (start()), stopped before the
@@ -195,6 +197,9 @@ class Producer:
     WARNING naming what is lost and what to pass instead.
     """
 
+    _cache: DecodedCache | None = None  # (set in __init__; here for a close() before it)
+    _cache_stats: dict[str, Any] | None = None
+
     def __init__(
         self,
         loader: Iterable[Any],
@@ -211,6 +216,7 @@ class Producer:
         runtime_dir: str | None = None,
         linger: float = 30.0,
         pack_fn: Callable[[Any], Any] | None = None,
+        cache: str | Cache | None = None,
     ) -> None:
         self._pid = os.getpid()  # a forked child's copy of this producer does nothing
         self._core: _C.Producer | None = None
@@ -224,6 +230,12 @@ class Producer:
             raise TypeError(f"loader must be iterable, not {type(loader).__name__}")
         if pack_fn is not None and not callable(pack_fn):
             raise TypeError(f"pack_fn must be a function of a batch, not {type(pack_fn).__name__}")
+        cache_option = Cache.of(cache)
+        if cache_option is not None:
+            why_no_cache = why_not_cached(loader) or why_unknown(loader)
+            if why_no_cache is not None:
+                raise ValueError(f"producer '{name}' cannot keep a decoded cache of its loader: {why_no_cache}. "
+                                 "Pass the DataLoader itself (over a map-style dataset), or leave cache= unset")
         self.loader = loader
         self._pack = pack_fn
         self.name = name
@@ -241,8 +253,8 @@ class Producer:
             why_not = (f"samples_per_epoch={samples_per_epoch} was given, but its DataLoader's "
                        f"epochs have {own_samples} samples")
             fix = "leave samples_per_epoch unset (the DataLoader says it)"
-        self.joins_any_time = why_not is None and own_samples > 0
-        if not self.joins_any_time:
+        self.can_join_now = why_not is None and own_samples > 0
+        if not self.can_join_now:
             _say_lost(name, "joining mid-epoch",
                       "consumers that join mid-epoch start at the next epoch", loader,
                       why_not or "its loader cannot say how many samples an epoch has", fix)
@@ -271,12 +283,12 @@ class Producer:
             cuda_device=cuda_device if kind == "cuda" else -1,
             linger=float(linger),
             loader=_loader_identity(loader),
-            join_any_time=self.joins_any_time,
+            join_now=self.can_join_now,
             epochs=-1 if epochs is None else int(epochs),
         )
         self.device = "cpu" if kind == "cpu" else f"cuda:{cuda_device}"
         self._order: BlockOrder | None = None
-        if self.joins_any_time:
+        if self.can_join_now:
             # (through a weak reference: the loader holds the order, and must
             # not keep the producer alive)
             self._order = BlockOrder(getattr(loader, "batch_sampler"), _plan_of(weakref.ref(self)))
@@ -295,6 +307,16 @@ class Producer:
             _log.info("producer '%s': consumers know samples by their position in the epoch, not their "
                       "dataset index, because %s", name, self.indices_unknown)
         self._leaser = Leaser(loader, self._core, in_flight) if in_place else None
+        # The decoded cache (opt-in): the first epoch keeps what the loader
+        # makes; later ones are made from it (see _cache).
+        self._cache = None
+        self._cache_stats = None
+        if cache_option is not None:
+            try:
+                self._cache = DecodedCache(cache_option, name, loader, self._remake)
+            except BaseException:
+                self.close()
+                raise
         if key is not None:
             _open[key] = weakref.ref(self)
         self._stop = threading.Event()
@@ -305,6 +327,69 @@ class Producer:
         self._batches_served = 0  # in whole epochs
         self.epochs_begun = 0  # a consumer joining now starts after these
         self.epochs_served = 0
+
+    def _remake(self, indices: list[int]) -> Any:
+        """The batch of these dataset indices as the loader makes it (its
+        dataset and collate function, then pack_fn), in this thread."""
+        loader = self.loader
+        own = self._leaser if self._leaser is not None else loader
+        dataset, collate_fn = own.dataset, own.collate_fn  # type: ignore[union-attr]
+        getitems = getattr(dataset, "__getitems__", None)
+        samples = getitems(list(indices)) if getitems is not None else [dataset[i] for i in indices]
+        batch = collate_fn(samples)
+        return batch if self._pack is None else self._pack(batch)
+
+    def _cached_batches(self, core: _C.Producer, epoch: int) -> Generator[tuple[Any, ...], None, None]:
+        """Epoch `epoch` made from the cache: the batch sampler's order (the
+        join plan's, noted for the samples' identities, as the loader's own),
+        each batch gathered into a leased ring slot (else into tensors of its
+        own, which publish copies)."""
+        cache, sampler = self._cache, self._indices
+        assert cache is not None and sampler is not None
+        cache.same_draws_as_an_epoch_of(self.loader)
+        for number, asked in enumerate(sampler):
+            indices = sampler.take(len(asked), epoch, number)
+            if indices is None:  # (keys, not integers: the cache was refused for such a sampler)
+                raise RuntimeError("a cached epoch's batch sampler yielded indices that are not integers")
+            lease = self._lease_for_cache(core)
+            place = (lambda k, shape, dtype: None) if lease is None else lease[1]
+            got = cache.batch(indices, place)
+            if got is None:  # samples its first epoch left out: made here, as the loader would
+                if lease is not None:
+                    core.return_lease(lease[0])
+                leaves, layout, samples, self._tree = cache.remade(indices, self._tree)
+                yield leaves, layout, samples, None, False, indices
+                continue
+            leaves, layout, samples, placed = got
+            if lease is not None and not placed:
+                core.return_lease(lease[0])
+                lease = None
+            yield leaves, layout, samples, None if lease is None else lease[0], placed, indices
+
+    def _lease_for_cache(self, core: _C.Producer) -> tuple[int, Callable[..., Any]] | None:
+        """A ring slot to gather a cached batch into, and where each of its
+        tensor leaves goes (None: no lease to be had, or the ring's host
+        memory cannot be pinned)."""
+        try:
+            got = core.lease(1)
+        except _C.CudaError:
+            return None
+        if got is None:
+            return None
+        seq, _fd, _ring_bytes, offsets, sizes = got
+        ring = core.host_ring()
+        lanes: dict[int, int] = {}
+
+        def place(leaf: int, shape: Any, dtype: Any) -> Any:
+            lane = lanes.setdefault(leaf, len(lanes))
+            if ring is None or lane >= len(offsets):
+                return None
+            placed = RingTensor(offsets[lane], tuple(shape), dtype)
+            if nbytes_of(placed) > sizes[lane] or placed.offset % dtype.itemsize != 0:
+                return None
+            return view_of(ring, placed)
+
+        return seq, place
 
     # ---- serving ----------------------------------------------------------
     def run(self) -> None:
@@ -335,6 +420,10 @@ class Producer:
         core.wait_for_consumers(1)
         self.epochs_begun = epoch + 1
         core.begin_epoch(epoch)
+        cache = self._cache
+        if cache is not None and cache.serves(epoch):
+            yield from self._serve_cached_epoch(core, epoch)
+            return
         # The loader's workers (forked now, from this thread) end with this
         # process whatever they are doing; a wait for the loader is watched.
         with starting_workers():
@@ -364,6 +453,8 @@ class Producer:
                 try:
                     leaves, layout, samples, self._tree = flatten_after(batch, self._tree)
                     indices = None if self._indices is None else self._indices.take(samples, epoch, batches)
+                    if cache is not None:  # (before publishing: a slot's rows are the consumers' then)
+                        cache.record(leaves, layout, samples, indices)
                     core.publish(leaves, layout, samples, lease, in_place, indices)
                 except (TypeError, ValueError) as exc:  # a batch it cannot share
                     raise _CannotShare(f"loader batch {batches}: {exc}") from exc
@@ -374,6 +465,8 @@ class Producer:
                 yield None
             if leaser is not None:
                 leaser.epoch_done()
+            if cache is not None:
+                cache.epoch_ended()
             if batches == 0 and self._batches_served > 0:
                 raise _CannotShare(
                     f"the loader yielded no batch in epoch {epoch}, after {self._batches_served} "
@@ -398,6 +491,47 @@ class Producer:
             watch.close()
             del iterator  # shuts DataLoader workers down as a loop would
         core.note_loader_workers([])
+        core.end_epoch()
+        self._batches_served += batches
+        self.epochs_served = epoch + 1
+
+    def _serve_cached_epoch(self, core: _C.Producer, epoch: int) -> Iterator[None]:
+        """Serves epoch `epoch` from the decoded cache (no loader), yielding
+        after each published batch, as _serve_epoch does."""
+        batches = 0
+        pause = self.epochs is None
+        made = self._cached_batches(core, epoch)
+        try:
+            while True:
+                if pause and batches > 0:
+                    core.wait_for_consumers(1)
+                got = next(made, None)
+                if got is None:
+                    break
+                if self._stop.is_set():
+                    raise _C.Stopped("producer stopped")
+                leaves, layout, samples, lease, in_place, indices = got
+                del got
+                try:
+                    core.publish(leaves, layout, samples, lease, in_place, indices)
+                except (TypeError, ValueError) as exc:
+                    raise _CannotShare(f"batch {batches} made from the cache: {exc}") from exc
+                del leaves  # views of the ring: none outlives the producer
+                batches += 1
+                yield None
+        except _C.Stopped:
+            raise
+        except Exception as exc:
+            if self._stop.is_set():
+                raise _C.Stopped("producer stopped") from exc
+            if isinstance(exc, _CannotShare):
+                core.fail(str(exc), cannot_share=True)
+                raise _C.LoaderError(f"batchcast producer '{self.name}' cannot serve epoch {epoch} from its "
+                                     f"cache: {exc}") from exc.__cause__
+            core.fail(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            made.close()
         core.end_epoch()
         self._batches_served += batches
         self.epochs_served = epoch + 1
@@ -481,6 +615,10 @@ class Producer:
         if self._order is not None:
             object.__setattr__(self.loader, "batch_sampler", self._order.batch_sampler)
             self._order = None
+        if self._cache is not None:
+            self._cache_stats = self._cache.stats()
+            self._cache.close()
+            self._cache = None
         if core is not None:
             self._stats = core.stats()
             # Waits (up to linger) for consumers to let go of a GPU ring, or,
@@ -518,4 +656,9 @@ class Producer:
         """Counters: batches and bytes published, time copying and waiting for
         the slowest consumer, joins, leaves, crashes, dropped messages, and per
         consumer the slots it holds."""
-        return self._core.stats() if self._core is not None else dict(self._stats or {})
+        stats = self._core.stats() if self._core is not None else dict(self._stats or {})
+        if self._cache is not None:
+            stats.update(self._cache.stats())
+        elif self._cache_stats is not None:
+            stats.update(self._cache_stats)
+        return stats

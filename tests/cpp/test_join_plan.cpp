@@ -68,7 +68,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
   const int64_t bpe = (spe + sc.batch - 1) / sc.batch;
   const int64_t epochs = sc.epochs < 0 ? 6 : sc.epochs;
   JoinPlanOptions options;
-  options.join_any_time = true;
+  options.join_now = true;
   options.samples_per_epoch = spe;
   options.batches_per_epoch = bpe;
   options.epochs = sc.epochs;
@@ -101,7 +101,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
     if (!f.ends_epoch) return;
     ASSERT_EQ(static_cast<int64_t>(t.own.size()), spe) << where;
     ASSERT_EQ(sorted(t.own), epoch_samples.at(t.own_epoch)) << where << ": epoch " << t.own_epoch << " of a trainer joined at "
-                                                          << t.frame.offset;
+                                                          << t.frame.joined_at;
     t.whole += 1;
     checked_mid += 1;
     t.own.clear();
@@ -129,7 +129,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
       if (::testing::Test::HasFatalFailure()) return;
     }
     if (!r.with_end) return;  // the end of a whole-epoch trainer's epoch, as the producer's
-    ASSERT_EQ(t.frame.offset, 0) << where;
+    ASSERT_EQ(t.frame.joined_at, 0) << where;
     ASSERT_EQ(sorted(t.own), epoch_samples.at(r.epoch)) << where;
     t.own.clear();
     t.next_index = 0;
@@ -140,7 +140,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
   for (int64_t e = 0; e < epochs; ++e) {
     std::vector<int64_t> present;
     for (const Trainer& t : trainers) {
-      if (t.active && t.frame.offset > 0) present.push_back(t.frame.offset);
+      if (t.active && t.frame.joined_at > 0) present.push_back(t.frame.joined_at);
     }
     std::sort(present.begin(), present.end());
     present.erase(std::unique(present.begin(), present.end()), present.end());
@@ -203,8 +203,8 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         } else if (now) {
           EXPECT_FALSE(p.replay) << where;
           EXPECT_EQ(p.frame.first_epoch, e);
-          EXPECT_EQ(p.frame.offset, pos);
-          EXPECT_EQ(p.frame.offset_index, k);
+          EXPECT_EQ(p.frame.joined_at, pos);
+          EXPECT_EQ(p.frame.joined_at_index, k);
           EXPECT_EQ(p.frame.last_epoch, sc.epochs < 0 ? std::numeric_limits<int64_t>::max() : sc.epochs - 2);
         } else {
           EXPECT_FALSE(p.replay) << where;
@@ -230,7 +230,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
       if (!resumable.empty() && chance(0.3)) {
         Trainer t = resumable.back();
         resumable.pop_back();
-        const int64_t q = t.frame.offset;
+        const int64_t q = t.frame.joined_at;
         const int64_t rp = static_cast<int64_t>(t.own.size());
         const bool still_held = chance(0.75);
         // A state saved in another run of the producer (one restarted since):
@@ -239,7 +239,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         StartRequest ask;
         ask.resume_epoch = t.own_epoch;
         ask.resume_position = rp;
-        ask.resume_offset = q;
+        ask.resume_joined_at = q;
         ask.saved_in_this_run = this_run;
         std::optional<Replay> asked;
         const StartPoint p = plan.start(ask, [&](const Replay& r) {
@@ -279,7 +279,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
         if (exact) {
           EXPECT_EQ(p.replay, want) << where;
           EXPECT_EQ(p.frame.first_epoch, t.own_epoch) << where;
-          EXPECT_EQ(p.frame.offset, q) << where;
+          EXPECT_EQ(p.frame.joined_at, q) << where;
           t.frame = p.frame;
           t.active = true;
           t.next_index = -1;
@@ -300,7 +300,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
       for (Trainer& t : trainers) {
         if (!t.active) continue;
         const Framed f = plan.frame(t.frame, e, k, pos, static_cast<int64_t>(samples.size()));
-        const int64_t own = pos < t.frame.offset ? e - 1 : e;
+        const int64_t own = pos < t.frame.joined_at ? e - 1 : e;
         EXPECT_EQ(f.in_epochs, own >= t.frame.first_epoch && own <= t.frame.last_epoch) << where;
         if (!f.in_epochs) continue;
         feed(t, f, samples);
@@ -311,7 +311,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
     EXPECT_EQ(plan.on_epoch_end(e, spe, bpe), "") << where;
     ended = history;
     for (Trainer& t : trainers) {  // the producer's end is the end of whole-epoch trainers' epochs
-      if (!t.active || t.frame.offset != 0 || t.own_epoch != e) continue;
+      if (!t.active || t.frame.joined_at != 0 || t.own_epoch != e) continue;
       EXPECT_EQ(sorted(t.own), epoch_samples.at(e)) << where;
       t.own.clear();
       t.next_index = 0;
@@ -321,7 +321,7 @@ int64_t run(uint32_t seed, const Scenario& sc) {
   }
   if (sc.epochs >= 0) {  // a last epoch: every trainer joined mid-epoch that stayed was told it ended
     for (const Trainer& t : trainers) {
-      if (t.frame.offset > 0 && t.active) ADD_FAILURE() << where << ": a trainer joined at " << t.frame.offset << " was not finished";
+      if (t.frame.joined_at > 0 && t.active) ADD_FAILURE() << where << ": a trainer joined at " << t.frame.joined_at << " was not finished";
       if (t.finished) EXPECT_EQ(t.own_epoch, sc.epochs - 1) << where;
     }
   }
@@ -449,7 +449,7 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
       StartRequest r;
       r.resume_epoch = 0;
       r.resume_position = position;
-      r.resume_offset = offset;
+      r.resume_joined_at = offset;
       r.saved_in_this_run = true;
       return plan.start(r, [&](const Replay& replay) {
         asked = replay;
@@ -488,7 +488,7 @@ TEST(JoinPlan, AResumeIsExactOnlyWhereTheOrderKeptItsBlock) {
 // exact, nothing replayed — while an epoch's start or end is a place in any.
 TEST(JoinPlan, AStateOfAnotherRunIsExactOnlyBetweenEpochs) {
   JoinPlanOptions o;
-  o.join_any_time = true;
+  o.join_now = true;
   o.samples_per_epoch = 8;
   o.batches_per_epoch = 2;
   o.catch_up_window = 2;
@@ -501,7 +501,7 @@ TEST(JoinPlan, AStateOfAnotherRunIsExactOnlyBetweenEpochs) {
       const std::string where = "offset " + std::to_string(offset) + " epoch " + std::to_string(epoch);
       StartRequest r;
       r.resume_epoch = epoch;
-      r.resume_offset = offset;
+      r.resume_joined_at = offset;
       r.resume_position = 2;  // within it: the rest of that run's pass is gone
       StartPoint p = plan.start(r, never_asked);
       EXPECT_EQ(p.resumed, StartPoint::Resumed::NextPass) << where;

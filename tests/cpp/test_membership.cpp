@@ -677,7 +677,7 @@ TEST(Membership, AResumeIntoAnEpochNotBegunIsExact) {
   EXPECT_EQ(h.seqs("b"), (std::vector<uint64_t>{s}));
 }
 
-// ---- joining now (join_any_time) ----------------------------------------------
+// ---- joining now (join_now) ----------------------------------------------
 
 namespace {
 
@@ -685,7 +685,7 @@ MembershipOptions any_time(int64_t samples, int64_t batches, int64_t epochs = -1
   MembershipOptions o = with(16);
   o.plan.samples_per_epoch = samples;
   o.plan.batches_per_epoch = batches;
-  o.plan.join_any_time = true;
+  o.plan.join_now = true;
   o.plan.epochs = epochs;
   return o;
 }
@@ -723,7 +723,7 @@ TEST(Membership, AConsumerJoiningNowGetsTheNextBatchAndEpochsOfItsOwn) {
   join_now(h, "late", 11);
   const auto w = h.of<protocol::Welcome>("late").at(0);
   EXPECT_EQ(w.first_epoch, 0);
-  EXPECT_EQ(w.first_position, 4);
+  EXPECT_EQ(w.joined_at, 4);
   EXPECT_TRUE(h.said("joined (first epoch 0, from its sample 4"));
   h.batch(4);
   h.batch(4);
@@ -738,7 +738,7 @@ TEST(Membership, AConsumerJoiningNowGetsTheNextBatchAndEpochsOfItsOwn) {
   // The whole-stream consumer's stream is as ever.
   EXPECT_EQ(story(h, "whole"), (std::vector<std::string>{"e0:0+4#0", "e0:4+4#1", "e0:8+4#2", "end0/12",
                                                          "e1:0+4#0", "e1:4+4#1"}));
-  for (const ConsumerInfo& c : h.m.consumers()) EXPECT_EQ(c.first_position, c.pid == 11 ? 4 : 0);
+  for (const ConsumerInfo& c : h.m.consumers()) EXPECT_EQ(c.joined_at, c.pid == 11 ? 4 : 0);
 }
 
 TEST(Membership, JoinPositionsGoWithTheirConsumers) {
@@ -771,10 +771,10 @@ TEST(Membership, JoiningNowBetweenEpochsOrWithoutSteeringStartsAtTheNextEpoch) {
   join_now(h, "between", 12);
   for (const char* peer : {"after-last-batch", "between"}) {
     EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).first_epoch, 1) << peer;
-    EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).first_position, 0) << peer;
+    EXPECT_EQ(h.of<protocol::Welcome>(peer).at(0).joined_at, 0) << peer;
   }
   MembershipOptions fixed = any_time(12, 3);
-  fixed.plan.join_any_time = false;  // an order the producer cannot steer
+  fixed.plan.join_now = false;  // an order the producer cannot steer
   Harness g(fixed);
   g.hello("whole", 10);
   g.begin(0);
@@ -782,7 +782,7 @@ TEST(Membership, JoiningNowBetweenEpochsOrWithoutSteeringStartsAtTheNextEpoch) {
   join_now(g, "x", 11);
   join_now(g, "y", 12);
   EXPECT_EQ(g.of<protocol::Welcome>("x").at(0).first_epoch, 1);
-  EXPECT_EQ(g.of<protocol::Welcome>("x").at(0).first_position, 0);
+  EXPECT_EQ(g.of<protocol::Welcome>("x").at(0).joined_at, 0);
   EXPECT_EQ(std::count_if(g.reports.begin(), g.reports.end(),
                           [](const Report& r) { return r.message.find("cannot start consumers mid-epoch") !=
                                                        std::string::npos; }),
@@ -834,7 +834,7 @@ TEST(Membership, AGroupJoiningNowStartsWhereItsLastRankCame) {
   for (const char* peer : {"r0", "r1"}) {
     const auto ready = h.of<protocol::GroupReady>(peer).at(0);
     EXPECT_EQ(ready.first_epoch, 0);
-    EXPECT_EQ(ready.first_position, 8);
+    EXPECT_EQ(ready.joined_at, 8);
   }
   h.batch(4);
   h.end();
@@ -857,13 +857,13 @@ TEST(Membership, AResumeOfAnEpochThatBeganMidEpochIsExactWhileHeldAndItsPosition
   protocol::Hello back{11, protocol::Hello::kJoinNow};
   back.resume_epoch = 0;
   back.resume_position = 4;
-  back.resume_offset = 4;
+  back.resume_joined_at = 4;
   back.resume_run = kRun;
   h.say("back", back);
   const auto w = h.of<protocol::Welcome>("back").at(0);
   EXPECT_EQ(w.resume, protocol::Resume::Exact);
   EXPECT_EQ(w.first_epoch, 0);
-  EXPECT_EQ(w.first_position, 4);
+  EXPECT_EQ(w.joined_at, 4);
   EXPECT_EQ(w.resume_position, 4);
   h.batch(4);
   EXPECT_EQ(story(h, "back"), (std::vector<std::string>{"e0:4+4#1"}));  // its next sample on
@@ -879,7 +879,7 @@ TEST(Membership, AResumeOfAnEpochThatBeganMidEpochIsExactWhileHeldAndItsPosition
   later.resume_position = 10;  // in the producer's epoch 1, before 4: the blocks moved
   h.say("later", later);
   EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).resume, protocol::Resume::NextPass);
-  EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).first_position, 0);
+  EXPECT_EQ(h.of<protocol::Welcome>("later").at(0).joined_at, 0);
   EXPECT_TRUE(h.said("no longer holds"));
 }
 

@@ -33,7 +33,7 @@ Welcome host_welcome() {
   w.first_epoch = 2;
   w.samples_per_epoch = 1003;
   w.slots = 8;
-  w.first_position = 96;
+  w.joined_at = 96;
   return w;
 }
 
@@ -46,7 +46,7 @@ Hello group_hello() {
   h.world_size = 4;
   h.resume_epoch = 3;
   h.resume_position = 4480;
-  h.resume_offset = 640;
+  h.resume_joined_at = 640;
   h.flags = Hello::kJoinNow;
   return h;
 }
@@ -336,7 +336,7 @@ TEST(Protocol, InconsistentGroupsAndResumesAreRejected) {
   h.resume_position = -1;
   rejects(h);
   h = group_hello();
-  h.resume_offset = -8;
+  h.resume_joined_at = -8;
   rejects(h);
   h = group_hello();
   h.group = std::string(kMaxGroupName + 1, 'g');

@@ -169,6 +169,32 @@ TEST(Rebatcher, IdentitiesAreComposedOnlyWhenAsked) {
   }
 }
 
+// A consumer that joined mid-epoch (its epochs begin at sample 8 of the
+// producer's 20) counts stream positions in its own epochs; a sample known by
+// position is known by the producer's position all the same: its own 0..11
+// are the producer's 8..19, its 12..19 the producer's 0..7 of the next epoch.
+TEST(Rebatcher, APositionIdentityIsTheProducersForAConsumerThatJoinedMidEpoch) {
+  FakeRing ring;
+  Rebatcher r(6, false);
+  r.set_joined_at(8);
+  r.begin_epoch(20);
+  std::vector<int64_t> identities;
+  for (int i = 0; i < 5; ++i) {
+    r.push(ring.make(4));  // own positions 0..19, four at a time
+    while (auto b = r.pop(/*identities=*/true)) {
+      EXPECT_FALSE(b->indexed);
+      identities.insert(identities.end(), b->indices.begin(), b->indices.end());
+    }
+  }
+  auto rest = r.flush(20, /*identities=*/true);
+  ASSERT_TRUE(rest);
+  identities.insert(identities.end(), rest->indices.begin(), rest->indices.end());
+  std::vector<int64_t> want;
+  for (int64_t p = 8; p < 20; ++p) want.push_back(p);
+  for (int64_t p = 0; p < 8; ++p) want.push_back(p);
+  EXPECT_EQ(identities, want);
+}
+
 TEST(Rebatcher, ContiguousSpansAreViewsAndHoldTheirSlots) {
   FakeRing ring;
   Rebatcher r(6, false);

@@ -138,6 +138,15 @@ MUTANTS = {
         "fork",
         "test_forks.py",
     ),
+    "cache-gathers-the-wrong-row": (
+        "python/batchcast/_cache.py",
+        [("                    torch.index_select(kept.rows, 0, at, out=out)\n",
+          "                    torch.index_select(kept.rows, 0, (at + 1) % self.size, out=out)\n")],
+        "a batch made from the decoded cache gathers the row after each sample's: every later epoch "
+        "hands out other samples' values under the right identities",
+        "later_epochs or joins_and_resumes",
+        "test_cache.py",
+    ),
     "join-plan-lets-drop-last-in": (
         "csrc/batchcast/producer/join_plan.cpp",
         [("    cuts.push_back(options_.samples_per_epoch);  // what drop_last leaves out stays out\n", "")],
@@ -228,12 +237,13 @@ def copy_source(src: Path) -> None:
         shutil.copy2(ROOT / rel, target)
 
 
-def python_tests(name: str, targets: str, tests: str | None, stage: Path, build: Path, work: Path,
+def python_tests(name: str, targets: str, tests: str | None, src: Path, stage: Path, build: Path, work: Path,
                  args: argparse.Namespace) -> tuple[bool, list[str]]:
-    """Runs a mutant's Python tests against its build: (caught, the tests that failed)."""
+    """Runs a mutant's Python tests against its build and its copy of the
+    package (a mutant may change either): (caught, the tests that failed)."""
     if stage.exists():
         shutil.rmtree(stage)
-    shutil.copytree(ROOT / "python" / "batchcast", stage / "batchcast",
+    shutil.copytree(src / "python" / "batchcast", stage / "batchcast",
                     ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
     for so in build.glob("_C*.so"):
         shutil.copy2(so, stage / "batchcast")
@@ -312,7 +322,7 @@ def main() -> int:
                 failed = sorted(set(re.findall(r"^\[  FAILED  \] (\w+\.\w+)", proc.stdout, re.M)))
                 caught = proc.returncode != 0
             else:
-                caught, failed = python_tests(name, targets, tests, stage, build, work, args)
+                caught, failed = python_tests(name, targets, tests, src, stage, build, work, args)
             results.append((name, what, caught, failed, time.monotonic() - t0))
         finally:
             path.write_text(pristine)

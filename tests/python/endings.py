@@ -80,7 +80,7 @@ def steady(args: argparse.Namespace) -> None:
             seen += check(x, i)
         epochs.append(seen)
     consumer.close()
-    Path(args.out).write_text(json.dumps({"epochs": epochs, "first": consumer.stats()["first_position"]}))
+    Path(args.out).write_text(json.dumps({"epochs": epochs, "first": consumer.stats()["joined_at"]}))
 
 
 class Augment:

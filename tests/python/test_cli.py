@@ -191,6 +191,30 @@ def test_serve_takes_samples_per_epoch_and_ring_bytes(cli, procs, loaders, runti
     assert result["stats"]["ring_bytes"] >= 64 << 20
 
 
+def test_serve_keeps_a_decoded_cache_on_disk_for_the_next_serve(cli, procs, loaders, runtime_dir, tmp_path):
+    # --cache disk: the first serve decodes each sample once and leaves the
+    # file; the next serve of that name starts from it. Consumers check every
+    # sample's values both times.
+    cache_dir = tmp_path / "decoded"
+    for run in range(2):
+        serve = cli.start("serve", f"{loaders}:ids", "--epochs", "2", "--refresh", "0",
+                          "--cache", "disk", "--cache-dir", str(cache_dir), "--", "203", "8")
+        procs.start("consume", "ids", "--batch-size", "10", "--epochs", "2", "--check-values",
+                    out=f"c{run}.json")
+        procs.wait_all()
+        assert cli.finish(serve) == 0, cli.err(serve)
+        result = procs.result(f"c{run}.json")
+        assert result["error"] is None and result["epochs"] == [list(range(203))] * 2, result
+        err = cli.err(serve)
+        if run == 0:
+            assert "decoded once are kept" in err and "for the next producer of this name" in err, err
+        else:
+            assert "203 decoded samples from" in err, err
+    assert [p.name for p in cache_dir.iterdir()] == ["ids.batchcast-cache"]
+    code, _, err = cli.run("serve", f"{loaders}:ids", "--cache-dir", str(cache_dir))
+    assert code == 2 and "--cache-dir and --cache-key go with --cache" in err, err
+
+
 def test_status_while_serving_two_consumers_then_sigterm_stops_cleanly(cli, procs, loaders,
                                                                        runtime_dir):
     serve = cli.start("serve", f"{loaders}:ids", "--name", "sweep", "--min-consumers", "2",

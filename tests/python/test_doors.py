@@ -9,7 +9,7 @@ checks through that door, with the samples a user would look at:
 
 - exactly once, in order, values intact, for batch sizes 5, 6 (a group of
   two ranks) and 7, with ``len()`` known from the start;
-- a consumer joining mid-epoch starts at once (``first_position > 0``);
+- a consumer joining mid-epoch starts at once (``joined_at > 0``);
 - the loader's workers write batches into the ring (``batches_in_place``),
   as ``batchcast status --json`` shows it, with every consumer present;
 - a consumer's ``state_dict()`` names the loader (the identity a restore is
@@ -137,7 +137,7 @@ def check_every_capability(procs, name: str, in_place: bool,
     # Joining mid-epoch, at once: epochs of their own, in the producer's order.
     kept = procs.result("keeper.json")
     assert kept["error"] is None, kept["error"]
-    at = kept["stats"]["first_position"]
+    at = kept["stats"]["joined_at"]
     assert 0 < at < N, f"the consumer that joined mid-epoch started at position {at}"
     start = (kept["stats"]["epoch"]) * N + at
     assert kept["epochs"][0] == stream[start:start + N] and kept["len"] == math.ceil(N / 7)
@@ -145,7 +145,7 @@ def check_every_capability(procs, name: str, in_place: bool,
     group = [procs.result(f"rank{r}.json") for r in range(2)]
     for g in group:
         assert g["error"] is None, g["error"]
-        assert g["stats"]["first_position"] > 0 and g["len"] == N // 12
+        assert g["stats"]["joined_at"] > 0 and g["len"] == N // 12
     assert sorted(group[0]["epochs"][0] + group[1]["epochs"][0]) == list(range(N))
     # Resume: the saved state names the loader; the restore is exact.
     saved = json.loads(state.read_text())

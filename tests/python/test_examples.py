@@ -412,7 +412,7 @@ def test_cpp_trainer_joins_mid_epoch_at_once(runtime_dir, tmp_path):
                 p.wait()
     for b in (48, 100):
         report = json.loads((tmp_path / f"report{b}.json").read_text())
-        assert 0 < report["first_position"] < samples, report  # mid-epoch, at once
+        assert 0 < report["joined_at"] < samples, report  # mid-epoch, at once
         assert report["batches_per_epoch"] == math.ceil(samples / b), report
         (epoch,) = report["epochs"]
         assert epoch["exactly_once"] and epoch["samples"] == samples, report

@@ -82,7 +82,7 @@ def test_consumers_joining_mid_epoch_get_every_sample_once_per_epoch_of_their_ow
         res = procs.result(f"{key}.json")
         epochs = flags[flags.index("--epochs") + 1]
         assert_whole_epochs(res, epochs)
-        at = res["stats"]["first_position"]
+        at = res["stats"]["joined_at"]
         assert 0 < at < N and at % LOADER_BATCH == 0, at  # joined mid-epoch, at a loader batch
         first_epoch = res["stats"]["epoch"] - epochs + 1
         start = first_epoch * N + at
@@ -124,8 +124,8 @@ def test_a_group_joins_mid_epoch_and_its_ranks_split_epochs_of_their_own(procs, 
     assert_whole_epochs(whole, 4)
     stream = stream_of(whole)
     results = [procs.result(f"r{r}.json") for r in range(2)]
-    at = results[0]["stats"]["first_position"]
-    assert 0 < at < N and results[1]["stats"]["first_position"] == at
+    at = results[0]["stats"]["joined_at"]
+    assert 0 < at < N and results[1]["stats"]["joined_at"] == at
     first_epoch = results[0]["stats"]["epoch"] - 1
     for e in range(2):
         own = stream[(first_epoch + e) * N + at:(first_epoch + e + 1) * N + at]
@@ -165,7 +165,7 @@ def test_a_consumer_that_joined_mid_epoch_resumes_exactly(procs, name):
     first.wait(60)
     procs.procs.remove(first)
     saved = json.loads(state.read_text())
-    assert saved["offset"] > 0 and saved["position"] == 180, saved
+    assert saved["joined_at"] > 0 and saved["position"] == 180, saved
     again = procs.start("consume", name, "--batch-size", 6, "--epochs", 2, "--state", state,
                         "--late-join", "now", "--record-warnings", "--ready", tmp / "again",
                         out="again.json")
@@ -177,8 +177,8 @@ def test_a_consumer_that_joined_mid_epoch_resumes_exactly(procs, name):
     res = procs.result("again.json")
     assert res["error"] is None, res["error"]
     assert res["stats"]["resumed"] == "exact" and res["warnings"] == []
-    assert res["stats"]["first_position"] == saved["offset"]
-    start = saved["epoch"] * N + saved["offset"]
+    assert res["stats"]["joined_at"] == saved["joined_at"]
+    start = saved["epoch"] * N + saved["joined_at"]
     assert stream_of(before) == stream[start:start + 180]
     assert stream_of(res) == stream[start + 180:start + 2 * N]
     assert sorted(stream_of(before) + res["epochs"][0]) == list(range(N))
@@ -225,7 +225,7 @@ def test_an_iterable_dataset_falls_back_to_the_next_epoch_and_says_so_once(runti
 
     def train(key: str, consumer: bc.Consumer, epochs: int) -> None:
         results[key] = [sorted(int(i) for b in consumer for i in b) for _ in range(epochs)]
-        results[key + "-at"] = (consumer.stats()["first_position"], consumer.stats()["epoch"])
+        results[key + "-at"] = (consumer.stats()["joined_at"], consumer.stats()["epoch"])
         consumer.close()
 
     first = threading.Thread(target=train, args=("first", bc.Consumer("stream", batch_size=4), 2))
@@ -279,7 +279,7 @@ def test_with_nobody_left_mid_epoch_the_loader_is_not_asked_for_more(runtime_dir
     assert data.loaded == stopped_at  # nothing loaded for nobody
     late = bc.Consumer("idle", batch_size=4)
     epoch = [int(i) for b in late for i in b]
-    assert late.stats()["first_position"] == stopped_at  # where the loader stopped
+    assert late.stats()["joined_at"] == stopped_at  # where the loader stopped
     assert sorted(epoch) == list(range(40))
     assert set(taken) <= set(range(40))
     late.close()
@@ -299,7 +299,7 @@ def test_a_late_joiner_of_a_finite_producer_gets_its_whole_epochs_then_exhausted
     def train_late() -> None:
         try:
             results["own"] = [sorted(int(i) for b in late for i in b) for _ in range(2)]
-            results["at"] = late.stats()["first_position"]
+            results["at"] = late.stats()["joined_at"]
             list(late)  # a third would end past the producer's last epoch
         except Exception as exc:  # noqa: BLE001 (asserted below)
             results["error"] = exc

@@ -20,7 +20,7 @@ from batchcast._order import BlockOrder, steering
 def planned(sampler: BatchSampler, per_epoch: int) -> tuple[BlockOrder, _C._testing.JoinPlan]:
     """The sampler as a producer serves it, and the join plan it asks."""
     batches = -(-per_epoch // sampler.batch_size)
-    plan = _C._testing.JoinPlan(join_any_time=True, samples_per_epoch=per_epoch, batches_per_epoch=batches)
+    plan = _C._testing.JoinPlan(join_now=True, samples_per_epoch=per_epoch, batches_per_epoch=batches)
     return BlockOrder(sampler, plan.order), plan
 
 

@@ -209,7 +209,7 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
         progress.open.remote()
         whole, joined, *group = ray.get([first, late, *ranks], timeout=240)
         (info,) = bcr.producers("door")
-    at = joined["stats"]["first_position"]
+    at = joined["stats"]["joined_at"]
     assert 0 < at < SAMPLES, f"the late trial started at position {at}"
     stream = [i for epoch in whole["epochs"] for i in epoch]
     assert all(sorted(e) == list(range(SAMPLES)) for e in whole["epochs"])
@@ -217,7 +217,7 @@ def test_a_trial_joining_mid_epoch_starts_at_once_and_loader_workers_write_in_pl
     assert joined["epochs"] == [stream[start:start + SAMPLES]]  # an epoch of its own, in order
     assert joined["len"] == -(-SAMPLES // 7) and whole["len"] == -(-SAMPLES // 16)
     # A data-parallel trial through the same door: its ranks split its own epoch.
-    assert all(g["stats"]["first_position"] > 0 for g in group)
+    assert all(g["stats"]["joined_at"] > 0 for g in group)
     assert sorted(group[0]["epochs"][0] + group[1]["epochs"][0]) == list(range(SAMPLES))
     assert info["stats"]["batches_in_place"] > 0, info["stats"]
 

@@ -321,6 +321,26 @@ def test_a_batch_beyond_what_the_ring_takes_is_an_error_naming_its_size_and_ring
 
 
 
+def test_every_dtype_the_core_lists_is_a_torch_dtype_that_arrives_as_its_values(runtime_dir, name):
+    # The core's one table of dtypes (wire, torch and DLPack take theirs from
+    # it): each name is torch's, and a tensor of it arrives with its dtype
+    # and values, through the producer and a rebatching consumer.
+    names = bc._core._C.dtypes()
+    assert len(names) == len(set(names)) == 15 and names[0] == "uint8"
+    dtypes = [getattr(torch, n) for n in names]
+    assert all(isinstance(d, torch.dtype) for d in dtypes)
+    g = torch.Generator().manual_seed(11)
+    rows = {n: (torch.randn(8, 3, generator=g, dtype=torch.float64) * 50).abs().to(d) for n, d in zip(names, dtypes)}
+    batches = [{n: r[i:i + 4] for n, r in rows.items()} for i in (0, 4)]
+    with bc.Producer(batches, name, epochs=1):
+        with bc.Consumer(name, batch_size=8, timeout=10) as consumer:
+            got = [{n: t.clone() for n, t in b.items()} for b in consumer]
+    assert len(got) == 1
+    for n, r in rows.items():
+        # compared as bytes: torch.equal does not take every dtype on the CPU
+        assert got[0][n].dtype == r.dtype and torch.equal(got[0][n].view(torch.uint8), r.view(torch.uint8)), n
+
+
 def test_a_tensor_of_a_dtype_batchcast_cannot_share_is_an_error_naming_it_and_the_fix(runtime_dir, name):
     # float8 tensors have no place on the wire: the producer says which dtype
     # it was, which it shares, and how to keep its bytes.
@@ -334,7 +354,8 @@ def test_a_tensor_of_a_dtype_batchcast_cannot_share_is_an_error_naming_it_and_th
         producer.stop()
     message = str(error.value)
     assert "loader batch 0: batchcast cannot share this tensor (torch.float8_e4m3fn on cpu)" in message
-    assert "float32, float64, complex64 or complex128, on the CPU or a CUDA GPU" in message
+    shared = ", ".join(bc._core._C.dtypes())
+    assert f"batchcast shares tensors of dtype {shared}, on the CPU or a CUDA GPU" in message
     assert "tensor.view(torch.uint8) keeps its bytes" in message
     # ... which works: the same samples, as bytes.
     with bc.Producer([(ok, odd.view(torch.uint8))], name, epochs=1):

@@ -12,6 +12,7 @@ is the augmentation a sample got.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -169,7 +170,7 @@ def test_a_trial_joining_mid_epoch_and_one_resuming_get_the_same_augmentations(r
             t.join(60)
         assert not errors, errors
         assert again.stats()["resumed"] == "exact"
-        assert joiner.stats()["first_position"] == 40, "it was to join mid-epoch"
+        assert joiner.stats()["joined_at"] == 40, "it was to join mid-epoch"
         for c in (ref, again, joiner):
             c.close()
     assert sorted(taken + orders["resumed"][0]) == list(range(N))
@@ -381,3 +382,107 @@ def test_gpu_batches_are_transformed_on_the_gpu_as_the_cpu_would(runtime_dir):
     assert sorted(got["gpu"]) == sorted(got["cpu"]) == list(range(N))
     for i in range(N):
         assert torch.equal(got["gpu"][i], got["cpu"][i]), i
+
+
+class StreamOrder:
+    """A stand-in for the transform's CUDA calls (its SideStreams) that keeps
+    the stream order: for each piece of work queued, the work it comes
+    after. The simulated device cannot show this order: its batches reach
+    the consumer as host tensors and its streams are batchcast's own, while
+    the transform's side stream is torch.cuda's (a CPU build of torch has
+    none). So every batch is said to be on a GPU here; the training loop's
+    stream is the default one (the fetch thread's current stream too, unless
+    it enters another), as on a GPU."""
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.after: set = set()  # type: ignore[type-arg]  # what the next work queued comes after
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.default = self.Stream("default")
+        self.side_stream: StreamOrder.Stream | None = None
+        self.local = threading.local()
+        self.before: dict = {}  # type: ignore[type-arg]  # work -> the work it comes after
+        self.on_stream: dict = {}  # type: ignore[type-arg]  # work -> its stream's name
+
+    def current(self) -> "StreamOrder.Stream":
+        return getattr(self.local, "stream", self.default)
+
+    def queue(self, work: object) -> None:
+        with self.lock:
+            stream = self.current()
+            self.before[work] = set(stream.after)
+            self.on_stream[work] = stream.name
+            stream.after.add(work)
+
+    # SideStreams' interface
+    def gpu_of(self, leaves):  # type: ignore[no-untyped-def]
+        return "gpu"
+
+    def side(self, device):  # type: ignore[no-untyped-def]
+        with self.lock:
+            if self.side_stream is None:
+                self.side_stream = self.Stream("side")
+            return self.side_stream
+
+    def in_use(self):  # type: ignore[no-untyped-def]
+        return self.side_stream
+
+    @contextlib.contextmanager
+    def on(self, stream):  # type: ignore[no-untyped-def]
+        previous = self.current()
+        self.local.stream = stream or previous
+        try:
+            yield
+        finally:
+            self.local.stream = previous
+
+    def follow(self, side, device) -> None:  # type: ignore[no-untyped-def]
+        with self.lock:
+            side.after |= self.current().after
+
+    def hand_over(self, side, device, tensors) -> None:  # type: ignore[no-untyped-def]
+        with self.lock:
+            recorded = set(side.after)  # an event recorded on the side stream
+            self.current().after |= recorded
+
+
+def test_a_batch_fetched_ahead_is_transformed_on_the_side_stream_without_waiting_for_the_loops_work(
+        runtime_dir):
+    """On a GPU the transform's work goes on a side stream that waits only for
+    the stream that took the batch (for a batch fetched ahead, the side
+    stream itself), and the loop's stream waits for that work before it uses
+    the batch. Modelled stream order: each batch's training work comes after
+    its samples' transforms; the transform of a batch fetched ahead (the
+    third of an epoch on) comes after none of the loop's work on the batches
+    before it but the first, so a transform ahead overlaps the training step."""
+    order = StreamOrder()
+
+    def marked(sample, generator):  # type: ignore[no-untyped-def]
+        order.queue(("transform", int(sample[1])))
+        return noisy(sample, generator)
+
+    with bc.Producer(loader(), "order", epochs=2):
+        c = bc.Consumer("order", batch_size=6, transform=bc.Augment(marked, seed=2, threads=2))
+        assert c._transform is not None
+        c._transform.streams = order  # type: ignore[assignment]
+        batches: list[list[int]] = []
+        for e in range(2):
+            trains: list[tuple] = []  # type: ignore[type-arg]
+            for k, (x, labels) in enumerate(c):
+                batches.append(labels.tolist())
+                work = ("train", e, k)
+                order.queue(work)  # the training step, on the loop's (default) stream
+                trains.append(work)
+                transforms = [("transform", i) for i in labels.tolist()]
+                assert all(order.on_stream[t] == "side" for t in transforms), "a transform off the side stream"
+                missing = [t for t in transforms if t not in order.before[work]]
+                assert not missing, f"epoch {e} batch {k}: the loop's stream did not wait for {missing}"
+                if k >= 2:  # fetched ahead, while the loop trained on batch k - 1
+                    waited = sorted({w for t in transforms for w in trains[1:k] if w in order.before[t]})
+                    assert not waited, f"epoch {e} batch {k}: its transform waited for the loop's {waited}"
+            assert len(trains) == 10
+        c.close()
+    assert sorted(i for b in batches for i in b) == sorted(list(range(N)) * 2)

@@ -30,7 +30,7 @@ SessionOptions session_options(const ChannelOptions& options) {
   s.hello.world_size = options.world_size;
   s.hello.resume_epoch = options.resume_epoch;
   s.hello.resume_position = options.resume_position;
-  s.hello.resume_offset = options.resume_offset;
+  s.hello.resume_joined_at = options.resume_joined_at;
   s.hello.resume_run = options.resume_run;
   return s;
 }

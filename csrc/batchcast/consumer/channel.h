@@ -57,7 +57,7 @@ struct ChannelOptions {
   int32_t world_size = 0;
   int64_t resume_epoch = -1;  // >= 0: continue that epoch at resume_position
   int64_t resume_position = 0;
-  int64_t resume_offset = 0;
+  int64_t resume_joined_at = 0;
   uint64_t resume_run = 0;
   MappedRing::ReleaseAfter release_after = MappedRing::ReleaseAfter::Stream;
   // Called about every 100 ms while take() or join() blocks; may throw.

@@ -41,8 +41,8 @@ ConsumerOptions checked(ConsumerOptions o) {
     throw InvalidArgument("padding re-pads samples that one batch joins from several loader batches: it needs "
                           "a batch_size");
   }
-  if (o.resume_epoch < -1 || o.resume_position < 0 || o.resume_offset < 0) {
-    throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume), resume_position and resume_offset >= 0");
+  if (o.resume_epoch < -1 || o.resume_position < 0 || o.resume_joined_at < 0) {
+    throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume), resume_position and resume_joined_at >= 0");
   }
   return o;
 }
@@ -78,7 +78,7 @@ Consumer::Consumer(ConsumerOptions options)
   channel.world_size = options_.world_size;
   channel.resume_epoch = options_.resume_epoch;
   channel.resume_position = options_.resume_position;
-  channel.resume_offset = options_.resume_offset;
+  channel.resume_joined_at = options_.resume_joined_at;
   channel.resume_run = options_.resume_run;
   channel.release_after = options_.release_after;
   channel.interrupt = options_.interrupt;
@@ -91,10 +91,10 @@ Consumer::Consumer(ConsumerOptions options)
     life_ = Lifecycle(/*grouping=*/w.first_epoch < 0);
     if (!life_.grouping()) {
       next_epoch_ = first_epoch_ = w.first_epoch;
-      first_position_ = w.first_position;
+      joined_at_ = w.joined_at;
       resume_from(w.resume, w.first_epoch, w.resume_position);
     } else {
-      first_position_ = options_.resume_offset;  // until GroupReady says where the group starts
+      joined_at_ = options_.resume_joined_at;  // until GroupReady says where the group starts
     }
     // The ring has room for slots+1 loader batches in flight; holding at most
     // this many pending (plus the batch the caller holds) always leaves the
@@ -186,7 +186,7 @@ void Consumer::await_group() {
                    [&](pr::GroupReady& ready) {
                      life_.group_ready();
                      next_epoch_ = first_epoch_ = ready.first_epoch;
-                     first_position_ = ready.first_position;
+                     joined_at_ = ready.joined_at;
                      resume_from(ready.resume, ready.first_epoch, ready.resume_position);
                    },
                    [&](pr::LoaderFailed& failed) {
@@ -223,6 +223,7 @@ int64_t Consumer::begin_epoch() {
     std::vector<LoaderBatch> replay = std::move(replay_);
     replay_.clear();
     replaying_ = false;
+    rebatcher_.set_joined_at(joined_at_);
     rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
     epoch_batches_ = 0;
     for (LoaderBatch& b : replay) rebatcher_.push(std::move(b));
@@ -246,6 +247,7 @@ int64_t Consumer::begin_epoch() {
   epoch_batches_ = 0;
   life_.begin();
   replaying_ = life_.in_epoch() && epoch_ == first_epoch_;
+  rebatcher_.set_joined_at(joined_at_);
   rebatcher_.begin_epoch(samples_per_epoch_, epoch_ == resume_at_epoch_ ? resume_position_ : 0);
   if (life_.group_broken() && life_.group_broken()->epoch <= epoch_) fail_group(*life_.group_broken());
   return epoch_;
@@ -432,7 +434,7 @@ ConsumerStats Consumer::stats() const {
   const ChannelStats c = channel_->stats();
   s.id = id_;
   s.epoch = epoch_;
-  s.first_position = first_position_;
+  s.joined_at = joined_at_;
   s.batches = batches_;
   s.samples = samples_;
   s.sample_identity = !indexed_ ? "" : *indexed_ ? "dataset index" : "position";

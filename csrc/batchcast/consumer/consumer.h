@@ -64,7 +64,7 @@ enum class Placement {
   /* sample position resume_position of its stream (a saved position()).            */    \
   X(int64_t, resume_epoch, -1)                                                             \
   X(int64_t, resume_position, 0)                                                           \
-  X(int64_t, resume_offset, 0) /* the saved epochs began there in the producer's */       \
+  X(int64_t, resume_joined_at, 0) /* the saved epochs began there in the producer's */       \
   X(uint64_t, resume_run, 0) /* the producer's run it was saved in (stats; 0: unknown) */ \
   /* An epoch asked for after the producer served all its epochs: empty (true), or  */    \
   /* EpochsExhausted (false: a training loop must not quietly get nothing).         */    \
@@ -100,7 +100,7 @@ struct ConsumerOptions {
   X(int64_t, epoch, -1)                                                                      \
   /* joined mid-epoch: its epochs begin at this sample of the producer's (0: they  */        \
   /* are the producer's)                                                            */       \
-  X(int64_t, first_position, 0)                                                              \
+  X(int64_t, joined_at, 0)                                                              \
   X(int64_t, batches, 0)          /* handed to the caller */                                 \
   X(int64_t, samples, 0)                                                                     \
   /* how the last batch's samples are known: "dataset index" (the producer said), */         \
@@ -218,7 +218,7 @@ class Consumer {
   int64_t epoch_ = -1;       // current epoch, -1 before the first
   int64_t next_epoch_ = 0;
   int64_t first_epoch_ = -1; // the producer's epoch this consumer started at
-  int64_t first_position_ = 0;  // where its epochs begin in the producer's (joined mid-epoch)
+  int64_t joined_at_ = 0;  // where its epochs begin in the producer's (joined mid-epoch)
   Lifecycle life_{false};    // where it is in its epochs, and why they ended (lifecycle.h)
   int64_t epochs_done_ = 0;  // epochs this consumer was handed to their end
   int64_t epoch_batches_ = 0;  // batches handed out in the current epoch

@@ -285,7 +285,9 @@ bool Rebatcher::waiting() const {
 void Rebatcher::push(LoaderBatch batch) {
   const int64_t position = batch.announcement.position;
   const int64_t samples = batch.announcement.samples;
-  batch.first_position = position;  // the identity of its first sample, if known by position
+  // The identity of its first sample, if known by position: the producer's
+  // position (a loader batch never spans the producer's epochs).
+  batch.first_position = joined_at_ > 0 && samples_ > 0 ? (position + joined_at_) % samples_ : position;
   end_ = std::max(end_, position + samples);
   if (!batch_size_ && samples == 0 && position >= skip_) {
     pending_.push_back(std::move(batch));  // forwarded as it is: the loader yielded it

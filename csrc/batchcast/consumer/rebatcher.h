@@ -75,9 +75,9 @@ struct LoaderBatch {
   std::vector<Tensor> owned;
   Device device = cpu_device();
   // Where the producer did not know the samples' dataset indices
-  // (announcement.indices is empty), they are known by their positions in its
-  // epoch, the first `first_position` (a copy of some samples, as padding,
-  // keeps theirs).
+  // (announcement.indices is empty), they are known by their positions in the
+  // producer's epoch, the first `first_position` (a copy of some samples, as
+  // padding, keeps theirs).
   int64_t first_position = 0;
   bool by_position() const { return announcement.indices.empty(); }
   bool spilled() const { return token == nullptr; }
@@ -134,6 +134,11 @@ class Rebatcher {
   // A new epoch of `samples` samples (-1: not known yet), whose stream
   // positions before `skip` this consumer does not take (it resumes there).
   void begin_epoch(int64_t samples, int64_t skip = 0);
+  // A consumer whose epochs begin at sample `joined_at` of the producer's
+  // (it joined mid-epoch): stream positions count in its own epochs, and a
+  // sample known by position is known by the producer's, (position +
+  // joined_at) mod the epoch's samples.
+  void set_joined_at(int64_t joined_at) { joined_at_ = joined_at; }
   void push(LoaderBatch batch);
   // The next batch, once its samples are buffered. A leaf whose samples lie
   // back to back in the ring is a RingView; the others are tensors of their
@@ -190,6 +195,7 @@ class Rebatcher {
   int64_t max_pending_ = 1 << 30;
   int64_t samples_ = -1;    // of the current epoch, when known
   int64_t skip_ = 0;
+  int64_t joined_at_ = 0;
   int64_t end_ = 0;         // position after the last sample pushed (or skip_)
   int64_t windows_ = 0;     // a group's windows done this epoch
   int64_t progress_ = 0;    // a group's position: where its next window starts

@@ -14,8 +14,8 @@ JoinPlanOptions JoinPlan::checked(JoinPlanOptions options) {
     throw InvalidArgument("samples_per_epoch and batches_per_epoch must be >= 0 (or -1: unknown)");
   }
   if (options.epochs < -1) throw InvalidArgument("epochs must be >= 0 (or -1: until stopped)");
-  if (options.join_any_time && (options.samples_per_epoch <= 0 || options.batches_per_epoch <= 0)) {
-    throw InvalidArgument("join_any_time needs samples_per_epoch and batches_per_epoch (a consumer's "
+  if (options.join_now && (options.samples_per_epoch <= 0 || options.batches_per_epoch <= 0)) {
+    throw InvalidArgument("join_now needs samples_per_epoch and batches_per_epoch (a consumer's "
                           "epochs are that many samples from where it joined)");
   }
   if (options.catch_up_window < 0) throw InvalidArgument("catch_up_window must be >= 0");
@@ -83,10 +83,10 @@ StartPoint JoinPlan::start(const StartRequest& request, const std::function<bool
     s.other_run = !between;
     return s;
   }
-  if (request.resume_epoch >= 0 && request.resume_offset > 0) {
+  if (request.resume_epoch >= 0 && request.resume_joined_at > 0) {
     // An epoch of its own begun mid-epoch: exact where its order is kept and
     // the stream still has it from its position on.
-    const ResumePoint r = resume_framed(request.resume_epoch, request.resume_position, request.resume_offset);
+    const ResumePoint r = resume_framed(request.resume_epoch, request.resume_position, request.resume_joined_at);
     if (r.possible && servable(r.at_epoch, r.at_position, /*own_end=*/false, s.replay, held)) {
       s.frame = r.frame;
       s.resumed = StartPoint::Resumed::Exact;
@@ -154,7 +154,7 @@ std::optional<Frame> JoinPlan::join_now(std::string& why_not) const {
   const int64_t at = samples_;
   if (epoch_ < 0 || at <= 0) return std::nullopt;
   if (options_.samples_per_epoch >= 0 && at >= options_.samples_per_epoch) return std::nullopt;  // it ended
-  if (!options_.join_any_time) {
+  if (!options_.join_now) {
     why_not = "its loader's order is not its to keep: an IterableDataset, a loader other than a DataLoader, "
               "or a sampler it cannot steer";
     return std::nullopt;
@@ -172,9 +172,9 @@ std::optional<Frame> JoinPlan::join_now(std::string& why_not) const {
 // epoch after it already begun (q is one of the positions each was steered
 // by; those not begun will be: the resumed trainer's q is present), and q is
 // where a loader batch begins.
-JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, int64_t offset) const {
+JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, int64_t joined_at) const {
   const int64_t whole = options_.samples_per_epoch;
-  const int64_t q = offset;
+  const int64_t q = joined_at;
   ResumePoint r;
   int64_t e = epoch;
   r.position = position;
@@ -188,7 +188,7 @@ JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, i
     r.at_epoch += 1;
     r.at_position -= whole;
   }
-  if (q <= 0) throw std::logic_error("join plan: resume_framed() is for epochs begun mid-epoch (offset > 0)");
+  if (q <= 0) throw std::logic_error("join plan: resume_framed() is for epochs begun mid-epoch (joined_at > 0)");
   const int64_t per_batch = loader_batch_samples_;
   const bool batch_boundary = per_batch > 0 && q < whole && q % per_batch == 0;
   // Its epochs from e on run into the producer's after e: each of those
@@ -200,7 +200,7 @@ JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, i
     order_kept = steered != steered_by_epoch_.end() &&
                  std::binary_search(steered->second.begin(), steered->second.end(), q);
   }
-  r.possible = options_.join_any_time && whole > 0 && batch_boundary && order_kept;
+  r.possible = options_.join_now && whole > 0 && batch_boundary && order_kept;
   const int64_t last = options_.epochs >= 0 ? options_.epochs - 2 : std::numeric_limits<int64_t>::max();
   r.frame = r.possible ? Frame{e, q, q / per_batch, last} : next_epoch_frame();
   return r;
@@ -209,11 +209,11 @@ JoinPlan::ResumePoint JoinPlan::resume_framed(int64_t epoch, int64_t position, i
 // ---- the trainers present and the order ----------------------------------------
 
 void JoinPlan::joined(uint64_t member, const Frame& frame) {
-  if (frame.offset < 0 || (frame.offset > 0 && !options_.join_any_time)) {
-    throw std::logic_error("join plan: a trainer joined at sample " + std::to_string(frame.offset) +
+  if (frame.joined_at < 0 || (frame.joined_at > 0 && !options_.join_now)) {
+    throw std::logic_error("join plan: a trainer joined at sample " + std::to_string(frame.joined_at) +
                            " of a producer that cannot start trainers mid-epoch");
   }
-  if (frame.offset > 0) joined_at_[member] = frame.offset;
+  if (frame.joined_at > 0) joined_at_[member] = frame.joined_at;
 }
 
 void JoinPlan::left(uint64_t member) { joined_at_.erase(member); }
@@ -288,20 +288,20 @@ std::vector<int64_t> JoinPlan::order(std::vector<int64_t> fresh) {
 
 Framed JoinPlan::frame(const Frame& f, int64_t epoch, int64_t index, int64_t position, int64_t samples) const {
   Framed r;
-  const bool before = position < f.offset;  // the end of an epoch of its own
+  const bool before = position < f.joined_at;  // the end of an epoch of its own
   r.epoch = before ? epoch - 1 : epoch;
   if (r.epoch < f.first_epoch || r.epoch > f.last_epoch) return r;
   r.in_epochs = true;
   r.position = position;
   r.index = index;
-  if (f.offset > 0) {
-    r.position = before ? position + options_.samples_per_epoch - f.offset : position - f.offset;
-    r.index = before ? index + options_.batches_per_epoch - f.offset_index : index - f.offset_index;
+  if (f.joined_at > 0) {
+    r.position = before ? position + options_.samples_per_epoch - f.joined_at : position - f.joined_at;
+    r.index = before ? index + options_.batches_per_epoch - f.joined_at_index : index - f.joined_at_index;
   }
-  if (!before || position + samples < f.offset) return r;
-  if (position + samples > f.offset) {
+  if (!before || position + samples < f.joined_at) return r;
+  if (position + samples > f.joined_at) {
     r.broken = "loader batch " + std::to_string(index) + " of the producer's epoch " + std::to_string(epoch) +
-               " spans sample " + std::to_string(f.offset) +
+               " spans sample " + std::to_string(f.joined_at) +
                ", where this consumer's epochs begin (the loader's batches moved: did its batch size change?)";
     return r;
   }
@@ -311,8 +311,8 @@ Framed JoinPlan::frame(const Frame& f, int64_t epoch, int64_t index, int64_t pos
 }
 
 int64_t JoinPlan::own_epoch(const Frame& f) const {
-  if (epoch_ < 0) return f.offset > 0 ? next_epoch_ - 1 : next_epoch_;
-  return samples_ < f.offset ? epoch_ - 1 : epoch_;
+  if (epoch_ < 0) return f.joined_at > 0 ? next_epoch_ - 1 : next_epoch_;
+  return samples_ < f.joined_at ? epoch_ - 1 : epoch_;
 }
 
 }  // namespace batchcast

@@ -36,7 +36,7 @@ namespace batchcast {
 struct JoinPlanOptions {
   // The producer keeps its loader's order in blocks, so trainers may join
   // mid-epoch. Needs both lengths below.
-  bool join_any_time = false;
+  bool join_now = false;
   int64_t samples_per_epoch = -1;  // -1: learned when the first epoch ends
   int64_t batches_per_epoch = -1;
   int64_t epochs = -1;             // epochs the producer serves; -1: until stopped
@@ -49,8 +49,8 @@ struct JoinPlanOptions {
 // Where one trainer's epochs lie in the producer's.
 struct Frame {
   int64_t first_epoch = 0;
-  int64_t offset = 0;        // its epochs begin at this sample position of the producer's (0: with them)
-  int64_t offset_index = 0;  // ... which is where this loader batch begins
+  int64_t joined_at = 0;        // its epochs begin at this sample position of the producer's (0: with them)
+  int64_t joined_at_index = 0;  // ... which is where this loader batch begins
   int64_t last_epoch = std::numeric_limits<int64_t>::max();  // its last epoch (then Finished)
 
   bool operator==(const Frame&) const = default;
@@ -70,10 +70,10 @@ struct Framed {
 // What a newcomer asks for (its Hello; for a group, what every rank asked).
 struct StartRequest {
   bool catch_up = false;        // the epoch in progress from its start (within catch_up_window)
-  bool join_now = false;        // the next batch: its epochs its own (join_any_time)
+  bool join_now = false;        // the next batch: its epochs its own (join_now)
   int64_t resume_epoch = -1;    // resuming its epoch of that number (-1: not resuming) ...
   int64_t resume_position = 0;  // ... at this sample position of it ...
-  int64_t resume_offset = 0;    // ... an epoch of its own begun at this sample of the producer's (0: with them)
+  int64_t resume_joined_at = 0;    // ... an epoch of its own begun at this sample of the producer's (0: with them)
   // ... saved while this run of the producer served. A state of another run
   // (a producer since restarted, or unknown) names positions of that run's
   // passes: only an epoch's start or end is a place in this run's.
@@ -175,7 +175,7 @@ class JoinPlan {
     bool possible = false;  // the order it saw is kept: exact if the stream still has it
   };
   std::optional<Frame> join_now(std::string& why_not) const;
-  ResumePoint resume_framed(int64_t epoch, int64_t position, int64_t offset) const;
+  ResumePoint resume_framed(int64_t epoch, int64_t position, int64_t joined_at) const;
   // Whether the stream can still give sample `position` of epoch `epoch` on:
   // not served yet, or (then `replay`) held.
   bool servable(int64_t epoch, int64_t position, bool own_end, std::optional<Replay>& replay,

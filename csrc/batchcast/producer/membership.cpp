@@ -91,7 +91,7 @@ std::vector<ConsumerInfo> Membership::consumers() const {
     info.pid = m.pid;
     info.batch_size = m.batch_size;
     info.first_epoch = m.waiting_for_group ? -1 : m.frame.first_epoch;
-    info.first_position = m.frame.offset;
+    info.joined_at = m.frame.joined_at;
     info.batches_sent = m.batches_sent;
     info.stall_seconds = m.stall_seconds;
     info.holding_up = !holding_up_.empty() && holding_up_ == peer;
@@ -254,7 +254,7 @@ bool Membership::hand(Actions& out, const std::string& peer, Member& m,
     stop(m, out);
     return false;
   }
-  auto& bytes = encoded[m.frame.offset];
+  auto& bytes = encoded[m.frame.joined_at];
   if (!bytes) {
     protocol::Announcement framed = a;
     framed.epoch = f.epoch;
@@ -381,7 +381,7 @@ Actions Membership::on_epoch_end(const protocol::EpochEnd& end) {
   auto bytes = std::make_shared<const std::string>(protocol::encode(end));
   for (auto& [peer, m] : members_) {
     if (m.leaving || !m.takes_part_in(end.epoch)) continue;
-    if (m.frame.offset == 0) {
+    if (m.frame.joined_at == 0) {
       send(out, peer, bytes);
     } else if (!broken.empty()) {  // its epochs span the producer's: one of another length breaks them
       send(out, peer, std::make_shared<const std::string>(

@@ -11,7 +11,7 @@
 //   in that epoch, otherwise it starts at the next one. With catch-up, it gets
 //   the current epoch from its start while the epoch's first batches are still
 //   retained (catch_up_window). Joining now (while the producer steers its
-//   loader's order, join_any_time), it gets the next batch: its epochs are
+//   loader's order, join_now), it gets the next batch: its epochs are
 //   its own, each from its join position p of one producer epoch to p of the
 //   next. Where every newcomer starts (these, and resumes), where its epochs
 //   lie and how a batch looks in them is the join plan's (join_plan.h): this
@@ -84,7 +84,7 @@ struct MembershipOptions {
   X(int64_t, pid, 0)                                                                             \
   X(int64_t, batch_size, 0)    /* its own (0: the loader's batches as they are) */               \
   X(int64_t, first_epoch, 0)                                                                     \
-  X(int64_t, first_position, 0) /* joined mid-epoch: where its epochs begin in the producer's */   \
+  X(int64_t, joined_at, 0) /* joined mid-epoch: where its epochs begin in the producer's */   \
   X(int64_t, slots_held, 0)    /* slots it has not released (announced, queued or referenced) */ \
   X(int64_t, slots_pinned, 0)  /* of those, slots it has moved past: batches it keeps */         \
   X(int64_t, lag, 0)           /* of those, batches sent that it has not consumed yet */         \

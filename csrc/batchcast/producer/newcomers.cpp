@@ -38,7 +38,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
              (group != 0 ? " joined as rank " + std::to_string(hello.rank) + " of consumer group '" +
                                hello.group + "' (" + std::to_string(hello.world_size) + " ranks)"
                          : " joined (first epoch " + std::to_string(member.frame.first_epoch) +
-                               (member.frame.offset > 0 ? ", from its sample " + std::to_string(member.frame.offset) +
+                               (member.frame.joined_at > 0 ? ", from its sample " + std::to_string(member.frame.joined_at) +
                                                         ": its epochs begin there"
                                                   : std::string()) +
                                ")"));
@@ -60,7 +60,7 @@ void Membership::join(const std::string& peer, const protocol::Hello& hello, Act
   w.producer_epoch = plan_.epoch_in_progress();
   w.consumers_wanted = static_cast<int32_t>(std::min(awaiting_, kMost));
   w.consumers_present = static_cast<int32_t>(std::min(active(), kMost));
-  w.first_position = start.point.frame.offset;
+  w.joined_at = start.point.frame.joined_at;
   send(out, peer, std::make_shared<const std::string>(protocol::encode(w)));
   out.sends.back().welcome = true;
   out.sends.back().consumer_id = member.id;
@@ -90,7 +90,7 @@ void Membership::start_group(uint64_t id, Actions& out) {
   for (const auto& [rank, peer] : g.ranks) flags &= members_.at(peer).hello.flags;
   const Start start = start_for(members_.at(g.ranks.at(0)).hello, flags, out);
   auto ready = std::make_shared<const std::string>(protocol::encode(
-      protocol::GroupReady{start.point.frame.first_epoch, start.resume(), start.point.position, start.point.frame.offset}));
+      protocol::GroupReady{start.point.frame.first_epoch, start.resume(), start.point.position, start.point.frame.joined_at}));
   for (const auto& [rank, peer] : g.ranks) {
     Member& m = members_.at(peer);
     m.waiting_for_group = false;
@@ -104,7 +104,7 @@ void Membership::start_group(uint64_t id, Actions& out) {
          "consumer group '" + g.name + "' of producer '" + options_.name + "': all " +
              std::to_string(g.world_size) + " ranks are present; it starts at epoch " +
              std::to_string(start.point.frame.first_epoch) +
-             (start.point.frame.offset > 0 ? " from its sample " + std::to_string(start.point.frame.offset) : std::string()));
+             (start.point.frame.joined_at > 0 ? " from its sample " + std::to_string(start.point.frame.joined_at) : std::string()));
 }
 
 // The held batches of the replay, if every one of them is still held: of its
@@ -144,7 +144,7 @@ Membership::Start Membership::start_for(const protocol::Hello& hello, uint32_t f
   request.join_now = (flags & protocol::Hello::kJoinNow) != 0;
   request.resume_epoch = hello.resume_epoch;
   request.resume_position = hello.resume_position;
-  request.resume_offset = hello.resume_offset;
+  request.resume_joined_at = hello.resume_joined_at;
   request.saved_in_this_run = hello.resume_run == options_.run;
   std::vector<std::shared_ptr<const protocol::Announcement>> scratch;
   Start s;

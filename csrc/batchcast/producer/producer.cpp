@@ -25,7 +25,7 @@ namespace {
 // throws InvalidArgument).
 JoinPlanOptions plan_options(const ProducerOptions& options) {
   JoinPlanOptions plan;
-  plan.join_any_time = options.join_any_time;
+  plan.join_now = options.join_now;
   plan.samples_per_epoch = options.samples_per_epoch;
   plan.batches_per_epoch = options.batches_per_epoch;
   plan.epochs = options.epochs;

@@ -63,7 +63,7 @@ namespace batchcast {
   X(std::string, loader, "")                                                                  \
   /* The caller orders each epoch as order_epoch says (it steers its loader's   */          \
   /* order): consumers may join mid-epoch and start with the next batch.         */          \
-  X(bool, join_any_time, false)                                                               \
+  X(bool, join_now, false)                                                               \
   X(int64_t, epochs, -1)               /* epochs it will serve; -1: until stopped */
 
 struct ProducerOptions {
@@ -153,7 +153,7 @@ class Producer {
   // published before has reached the consumers' queues by then, so nobody
   // joins the last epoch after its return.
   void begin_epoch(int64_t epoch);
-  // With join_any_time, after begin_epoch: the epoch's order of samples
+  // With join_now, after begin_epoch: the epoch's order of samples
   // (dataset indices), given the loader's fresh one (JoinPlan::order).
   // Throws InvalidArgument when the sampler changed what an epoch holds.
   std::vector<int64_t> order_epoch(std::vector<int64_t> fresh);

@@ -10,10 +10,15 @@
 namespace batchcast::protocol {
 namespace {
 
-constexpr std::size_t kElementSizes[kDTypeCount] = {1, 1, 2, 4, 8, 2, 4, 8, 1, 2, 8, 16, 2, 4, 8};
-constexpr const char* kDTypeNames[kDTypeCount] = {
-    "uint8",   "int8",    "int16", "int32",    "int64",     "float16",    "float32", "float64",
-    "bool",    "bfloat16", "complex64", "complex128", "uint16", "uint32", "uint64"};
+#define BATCHCAST_DTYPE_SIZE(wire, bytes, name, scalar, code, bits) bytes,
+constexpr std::size_t kElementSizes[kDTypeCount] = {BATCHCAST_DTYPES(BATCHCAST_DTYPE_SIZE)};
+#undef BATCHCAST_DTYPE_SIZE
+#define BATCHCAST_DTYPE_NAME(wire, bytes, name, scalar, code, bits) name,
+constexpr const char* kDTypeNames[kDTypeCount] = {BATCHCAST_DTYPES(BATCHCAST_DTYPE_NAME)};
+#undef BATCHCAST_DTYPE_NAME
+#define BATCHCAST_DTYPE_LISTED(wire, bytes, name, scalar, code, bits) ", " name
+constexpr const char* kDTypeList = BATCHCAST_DTYPES(BATCHCAST_DTYPE_LISTED) + 2;  // without the first ", "
+#undef BATCHCAST_DTYPE_LISTED
 
 class Writer {
  public:
@@ -181,6 +186,7 @@ Resume resume_from(uint8_t value) {
 
 std::size_t element_size(DType dtype) { return kElementSizes[static_cast<uint8_t>(dtype)]; }
 const char* dtype_name(DType dtype) { return kDTypeNames[static_cast<uint8_t>(dtype)]; }
+const char* dtype_names() { return kDTypeList; }
 
 uint64_t TensorLeaf::nbytes() const {
   uint64_t n = element_size(dtype);
@@ -208,7 +214,7 @@ void write(Writer& w, const Hello& m) {
   w.put<int32_t>(m.world_size);
   w.put<int64_t>(m.resume_epoch);
   w.put<int64_t>(m.resume_position);
-  w.put<int64_t>(m.resume_offset);
+  w.put<int64_t>(m.resume_joined_at);
   w.put<uint64_t>(m.resume_run);
 }
 void read(Reader& r, Hello& m) {
@@ -220,7 +226,7 @@ void read(Reader& r, Hello& m) {
   m.world_size = r.get<int32_t>();
   m.resume_epoch = r.get<int64_t>();
   m.resume_position = r.get<int64_t>();
-  m.resume_offset = r.get<int64_t>();
+  m.resume_joined_at = r.get<int64_t>();
   m.resume_run = r.get<uint64_t>();
   if (m.batch_size < 0) throw MalformedMessage("negative batch size");
   if (m.world_size < 0 || m.world_size > kMaxWorldSize || m.rank < 0 ||
@@ -228,7 +234,7 @@ void read(Reader& r, Hello& m) {
                         : (m.rank != 0 || !m.group.empty()))) {
     throw MalformedMessage("bad group");
   }
-  if (m.resume_epoch < -1 || m.resume_position < 0 || m.resume_offset < 0) throw MalformedMessage("bad resume");
+  if (m.resume_epoch < -1 || m.resume_position < 0 || m.resume_joined_at < 0) throw MalformedMessage("bad resume");
 }
 
 void write(Writer& w, const Welcome& m) {
@@ -247,7 +253,7 @@ void write(Writer& w, const Welcome& m) {
   w.put<int64_t>(m.producer_epoch);
   w.put<int32_t>(m.consumers_wanted);
   w.put<int32_t>(m.consumers_present);
-  w.put<int64_t>(m.first_position);
+  w.put<int64_t>(m.joined_at);
 }
 void read(Reader& r, Welcome& m) {
   m.producer_pid = r.get<int64_t>();
@@ -265,10 +271,10 @@ void read(Reader& r, Welcome& m) {
   m.producer_epoch = r.get<int64_t>();
   m.consumers_wanted = r.get<int32_t>();
   m.consumers_present = r.get<int32_t>();
-  m.first_position = r.get<int64_t>();
+  m.joined_at = r.get<int64_t>();
   if (m.slots < 2 || m.producer_pid <= 0 || m.run == 0 || m.first_epoch < -1 || m.samples_per_epoch < -1 ||
       m.batches_per_epoch < -1 || m.pin_budget < 0 || m.resume_position < 0 || m.producer_epoch < -1 ||
-      m.consumers_wanted < 0 || m.consumers_present < 0 || m.first_position < 0) {
+      m.consumers_wanted < 0 || m.consumers_present < 0 || m.joined_at < 0) {
     throw MalformedMessage("bad welcome");
   }
 }
@@ -397,14 +403,14 @@ void write(Writer& w, const GroupReady& m) {
   w.put<int64_t>(m.first_epoch);
   w.put<uint8_t>(static_cast<uint8_t>(m.resume));
   w.put<int64_t>(m.resume_position);
-  w.put<int64_t>(m.first_position);
+  w.put<int64_t>(m.joined_at);
 }
 void read(Reader& r, GroupReady& m) {
   m.first_epoch = r.get<int64_t>();
   m.resume = resume_from(r.get<uint8_t>());
   m.resume_position = r.get<int64_t>();
-  m.first_position = r.get<int64_t>();
-  if (m.first_epoch < 0 || m.resume_position < 0 || m.first_position < 0) {
+  m.joined_at = r.get<int64_t>();
+  if (m.first_epoch < 0 || m.resume_position < 0 || m.joined_at < 0) {
     throw MalformedMessage("bad group ready");
   }
 }

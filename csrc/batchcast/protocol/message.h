@@ -48,24 +48,38 @@ enum class Kind : uint16_t {
 #undef BATCHCAST_KIND_ENUM
 };
 
+// Every dtype batchcast shares, in wire order (a dtype's number on the wire
+// is its place here, from 0; added at the end, never reordered), written
+// once: X(wire name, bytes per element, name as torch writes it, torch's
+// ScalarType, DLPack type code, DLPack bits). The wire (here), torch
+// (dtype.cpp) and DLPack (python/dlpack.cpp) each take what they need of it.
+#define BATCHCAST_DTYPES(X)                                    \
+  X(UInt8, 1, "uint8", Byte, kDLUInt, 8)                       \
+  X(Int8, 1, "int8", Char, kDLInt, 8)                          \
+  X(Int16, 2, "int16", Short, kDLInt, 16)                      \
+  X(Int32, 4, "int32", Int, kDLInt, 32)                        \
+  X(Int64, 8, "int64", Long, kDLInt, 64)                       \
+  X(Float16, 2, "float16", Half, kDLFloat, 16)                 \
+  X(Float32, 4, "float32", Float, kDLFloat, 32)                \
+  X(Float64, 8, "float64", Double, kDLFloat, 64)               \
+  X(Bool, 1, "bool", Bool, kDLBool, 8)                         \
+  X(BFloat16, 2, "bfloat16", BFloat16, kDLBfloat, 16)          \
+  X(Complex64, 8, "complex64", ComplexFloat, kDLComplex, 64)   \
+  X(Complex128, 16, "complex128", ComplexDouble, kDLComplex, 128) \
+  X(UInt16, 2, "uint16", UInt16, kDLUInt, 16)                  \
+  X(UInt32, 4, "uint32", UInt32, kDLUInt, 32)                  \
+  X(UInt64, 8, "uint64", UInt64, kDLUInt, 64)
+
 enum class DType : uint8_t {
-  UInt8 = 0,
-  Int8 = 1,
-  Int16 = 2,
-  Int32 = 3,
-  Int64 = 4,
-  Float16 = 5,
-  Float32 = 6,
-  Float64 = 7,
-  Bool = 8,
-  BFloat16 = 9,
-  Complex64 = 10,
-  Complex128 = 11,
-  UInt16 = 12,
-  UInt32 = 13,
-  UInt64 = 14,
+#define BATCHCAST_DTYPE_ENUM(wire, bytes, name, scalar, code, bits) wire,
+  BATCHCAST_DTYPES(BATCHCAST_DTYPE_ENUM)
+#undef BATCHCAST_DTYPE_ENUM
 };
-constexpr uint8_t kDTypeCount = 15;
+#define BATCHCAST_DTYPE_COUNT(wire, bytes, name, scalar, code, bits) +1
+constexpr uint8_t kDTypeCount = 0 BATCHCAST_DTYPES(BATCHCAST_DTYPE_COUNT);
+#undef BATCHCAST_DTYPE_COUNT
+// "bool, uint8, ...": the names of every dtype batchcast shares, for messages.
+const char* dtype_names();
 std::size_t element_size(DType dtype);
 const char* dtype_name(DType dtype);
 
@@ -86,11 +100,11 @@ struct Hello {
   int32_t world_size = 0;
   // Resuming (resume_epoch >= 0): continue epoch resume_epoch at sample
   // position resume_position of the producer's stream. An epoch of a consumer
-  // that joined mid-epoch begins at resume_offset of the producer's epoch of
+  // that joined mid-epoch begins at resume_joined_at of the producer's epoch of
   // that number (its positions count from there).
   int64_t resume_epoch = -1;
   int64_t resume_position = 0;
-  int64_t resume_offset = 0;
+  int64_t resume_joined_at = 0;
   // The producer run the resumed state was saved in (Welcome::run; 0: not
   // known). A position of another run's epoch is not this run's to continue.
   uint64_t resume_run = 0;
@@ -145,7 +159,7 @@ struct Welcome {
   // Where the consumer's epochs begin in the producer's: each is the samples
   // from this position of the producer's epoch of its number to this position
   // of the next (0: the producer's epochs as they are). Joining mid-epoch.
-  int64_t first_position = 0;
+  int64_t joined_at = 0;
 };
 
 // Producer -> consumer: not accepted. Readable by every protocol version.
@@ -250,7 +264,7 @@ struct GroupReady {
   int64_t first_epoch = 0;
   Resume resume = Resume::None;
   int64_t resume_position = 0;
-  int64_t first_position = 0;  // as in Welcome
+  int64_t joined_at = 0;  // as in Welcome
 };
 
 // Producer -> the other ranks of a group: a rank left, died or was evicted;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "batchcast/common/error.h"
+#include "batchcast/protocol/message.h"
 
 namespace py = pybind11;
 
@@ -82,16 +83,10 @@ struct DTypeCode {
   ScalarType dtype;
   DLDataType code;
 };
-constexpr DTypeCode kDTypes[] = {
-    {ScalarType::Byte, {kDLUInt, 8, 1}},        {ScalarType::Char, {kDLInt, 8, 1}},
-    {ScalarType::Short, {kDLInt, 16, 1}},       {ScalarType::Int, {kDLInt, 32, 1}},
-    {ScalarType::Long, {kDLInt, 64, 1}},        {ScalarType::Half, {kDLFloat, 16, 1}},
-    {ScalarType::Float, {kDLFloat, 32, 1}},     {ScalarType::Double, {kDLFloat, 64, 1}},
-    {ScalarType::Bool, {kDLBool, 8, 1}},        {ScalarType::BFloat16, {kDLBfloat, 16, 1}},
-    {ScalarType::ComplexFloat, {kDLComplex, 64, 1}}, {ScalarType::ComplexDouble, {kDLComplex, 128, 1}},
-    {ScalarType::UInt16, {kDLUInt, 16, 1}},     {ScalarType::UInt32, {kDLUInt, 32, 1}},
-    {ScalarType::UInt64, {kDLUInt, 64, 1}},
-};
+// From the one table of dtypes batchcast shares (protocol/message.h).
+#define BATCHCAST_DTYPE_DLPACK(wire, bytes, name, scalar, code, bits) {ScalarType::scalar, {code, bits, 1}},
+constexpr DTypeCode kDTypes[] = {BATCHCAST_DTYPES(BATCHCAST_DTYPE_DLPACK)};
+#undef BATCHCAST_DTYPE_DLPACK
 
 // torch's Python functions, looked up once (never released: they outlive
 // the interpreter's finalization of this module).
@@ -250,10 +245,9 @@ Tensor import_dltensor(py::handle object, const DLTensor& t, std::function<void(
   }
   if (found == nullptr) {
     give_back();
-    cannot_share(object,
-                 "batchcast shares tensors of dtype bool, uint8, uint16, uint32, uint64, int8, int16, int32, "
-                 "int64, float16, bfloat16, float32, float64, complex64 or complex128, on the CPU or a CUDA "
-                 "GPU; convert it in the loader (tensor.view(torch.uint8) keeps its bytes, without a copy)");
+    cannot_share(object, std::string("batchcast shares tensors of dtype ") + protocol::dtype_names() +
+                             ", on the CPU or a CUDA GPU; convert it in the loader (tensor.view(torch.uint8) "
+                             "keeps its bytes, without a copy)");
   }
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
   const std::vector<int64_t> strides =

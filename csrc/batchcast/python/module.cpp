@@ -340,6 +340,16 @@ PYBIND11_MODULE(_C, m) {
       .value("WARNING", Report::Level::Warning);
 
   m.def("cuda_built", &cuda::built, "Whether this build has the CUDA transport");
+  m.def(
+      "dtypes",
+      [] {
+        std::vector<std::string> names;
+        for (uint8_t d = 0; d < protocol::kDTypeCount; ++d) {
+          names.emplace_back(protocol::dtype_name(static_cast<protocol::DType>(d)));
+        }
+        return names;
+      },
+      "The dtypes batchcast shares, as torch names them, in wire order");
   m.def("tensor_crossing", &python::crossing,
         "How tensors cross the binding: 'exchange' (torch's DLPack C exchange API) or 'capsules' "
         "(torch.utils.dlpack: a torch without it, or BATCHCAST_DLPACK_CAPSULES set)");
@@ -375,7 +385,7 @@ PYBIND11_MODULE(_C, m) {
            [](BoundProducer& b, std::vector<int64_t> fresh) {
              return released(b, [&](Producer& p) { return p.order_epoch(std::move(fresh)); });
            },
-           "The epoch's order of dataset indices, given the loader's fresh one (join_any_time)")
+           "The epoch's order of dataset indices, given the loader's fresh one (join_now)")
       .def("publish",
            [](BoundProducer& b, const py::list& leaves, const std::string& layout, int64_t samples,
               std::optional<uint64_t> lease, bool in_place, std::optional<std::vector<int64_t>> indices) {

@@ -109,15 +109,15 @@ void bind_testing(py::module_& m) {
       .def_property_readonly("mismatches", &CheckingStream::mismatches);
   // The producer's join plan alone, to test the order it gives a loader.
   py::class_<JoinPlan>(sim, "JoinPlan")
-      .def(py::init([](bool join_any_time, int64_t samples, int64_t batches, int64_t epochs) {
-             return JoinPlan(JoinPlanOptions{join_any_time, samples, batches, epochs});
+      .def(py::init([](bool join_now, int64_t samples, int64_t batches, int64_t epochs) {
+             return JoinPlan(JoinPlanOptions{join_now, samples, batches, epochs});
            }),
-           py::arg("join_any_time"), py::arg("samples_per_epoch"), py::arg("batches_per_epoch"),
+           py::arg("join_now"), py::arg("samples_per_epoch"), py::arg("batches_per_epoch"),
            py::arg("epochs") = -1)
-      .def("joined", [](JoinPlan& p, uint64_t member, int64_t offset) {
-             p.joined(member, Frame{0, offset, 0});
+      .def("joined", [](JoinPlan& p, uint64_t member, int64_t joined_at) {
+             p.joined(member, Frame{0, joined_at, 0});
            },
-           py::arg("member"), py::arg("offset"), "A trainer present whose epochs begin at `offset`")
+           py::arg("member"), py::arg("joined_at"), "A trainer present whose epochs begin at `joined_at`")
       .def("left", &JoinPlan::left, py::arg("member"))
       .def("steer", &JoinPlan::steer, py::arg("epoch"))
       .def("order", &JoinPlan::order, py::arg("fresh"));

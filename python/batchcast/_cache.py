@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
+from ._identity import why_unknown
 from ._structure import flatten_after, leaf_paths, tree_of
 from .options import Cache
 
@@ -77,20 +78,13 @@ def default_directory() -> str:
 
 def why_not_cached(loader: Any) -> str | None:
     """None when the producer can keep `loader`'s samples by dataset index
-    and make its epochs from them, else why it cannot."""
-    from torch.utils.data import DataLoader, IterableDataset
-
-    if not isinstance(loader, DataLoader):
-        return (f"its loader is a {type(loader).__name__}, not a DataLoader: the producer cannot tell "
-                "which sample is which, nor make an epoch's order without it")
-    if isinstance(loader.dataset, IterableDataset):
-        return "its DataLoader's dataset is an IterableDataset: its samples have no indices to keep them by"
-    if loader.batch_sampler is None:
-        return "its DataLoader has batch_size=None: no batch sampler names the samples of a batch"
-    if not getattr(loader, "in_order", True):
-        return "its DataLoader has in_order=False: its batches may arrive in another order than asked"
+    and make its epochs from them, else why it cannot: it must know each
+    batch's dataset indices (_identity), and the dataset's length."""
+    why = why_unknown(loader)
+    if why is not None:
+        return why
     try:
-        len(loader.dataset)  # type: ignore[arg-type]
+        len(loader.dataset)
     except TypeError:
         return "its DataLoader's dataset has no len(): the cache is sized by it"
     return None

@@ -232,7 +232,7 @@ class Producer:
             raise TypeError(f"pack_fn must be a function of a batch, not {type(pack_fn).__name__}")
         cache_option = Cache.of(cache)
         if cache_option is not None:
-            why_no_cache = why_not_cached(loader) or why_unknown(loader)
+            why_no_cache = why_not_cached(loader)
             if why_no_cache is not None:
                 raise ValueError(f"producer '{name}' cannot keep a decoded cache of its loader: {why_no_cache}. "
                                  "Pass the DataLoader itself (over a map-style dataset), or leave cache= unset")
@@ -477,20 +477,27 @@ class Producer:
         except _C.Stopped:
             raise
         except Exception as exc:
-            if self._stop.is_set():
-                # Stopping (a Ctrl-C may also reach spawned loader workers):
-                # consumers hear that the producer stopped, not a loader error.
-                raise _C.Stopped("producer stopped") from exc
-            if isinstance(exc, _CannotShare):
-                core.fail(str(exc), cannot_share=True)
-                raise _C.LoaderError(f"batchcast producer '{self.name}' cannot serve what its "
-                                     f"loader yielded in epoch {epoch}: {exc}") from exc.__cause__
-            core.fail(f"{type(exc).__name__}: {exc}")
+            self._failed(core, exc, f"what its loader yielded in epoch {epoch}")
             raise
         finally:
             watch.close()
             del iterator  # shuts DataLoader workers down as a loop would
         core.note_loader_workers([])
+        self._epoch_served(core, epoch, batches)
+
+    def _failed(self, core: _C.Producer, exc: Exception, what: str) -> None:
+        """Says why serving stopped (`exc`, raised making a batch of `what`) to
+        the consumers; raises what the caller raises instead, if anything."""
+        if self._stop.is_set():
+            # Stopping (a Ctrl-C may also reach spawned loader workers):
+            # consumers hear that the producer stopped, not a loader error.
+            raise _C.Stopped("producer stopped") from exc
+        if isinstance(exc, _CannotShare):
+            core.fail(str(exc), cannot_share=True)
+            raise _C.LoaderError(f"batchcast producer '{self.name}' cannot serve {what}: {exc}") from exc.__cause__
+        core.fail(f"{type(exc).__name__}: {exc}")
+
+    def _epoch_served(self, core: _C.Producer, epoch: int, batches: int) -> None:
         core.end_epoch()
         self._batches_served += batches
         self.epochs_served = epoch + 1
@@ -522,19 +529,11 @@ class Producer:
         except _C.Stopped:
             raise
         except Exception as exc:
-            if self._stop.is_set():
-                raise _C.Stopped("producer stopped") from exc
-            if isinstance(exc, _CannotShare):
-                core.fail(str(exc), cannot_share=True)
-                raise _C.LoaderError(f"batchcast producer '{self.name}' cannot serve epoch {epoch} from its "
-                                     f"cache: {exc}") from exc.__cause__
-            core.fail(f"{type(exc).__name__}: {exc}")
+            self._failed(core, exc, f"epoch {epoch} from its decoded cache")
             raise
         finally:
             made.close()
-        core.end_epoch()
-        self._batches_served += batches
-        self.epochs_served = epoch + 1
+        self._epoch_served(core, epoch, batches)
 
     def start(self) -> "Producer":
         """Serves from a background thread (for notebooks); returns self."""

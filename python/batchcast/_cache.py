@@ -441,12 +441,20 @@ class DecodedCache:
             _log.warning("producer '%s': the cache file %s cannot be used (%s): it is made again from the "
                          "loader", self.name, path, exc)
             return
+        try:  # the file read ahead into the page cache (a file on a cold disk)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            pass
         self._file = mapping
         self.kept = kept
         self.recorded = recorded
         self.layout = header["layout"]
         self.tree = tree_of(self.layout)
-        self.bytes = size
+        self.bytes = header["lists_at"] - _ALIGN  # (as a memory cache counts: the rows and the bitmap)
         self.state = "ready"
         self.warm = True
         self._said_warm = False  # (said as its first epoch begins: a serve's log is set up by then)

@@ -47,12 +47,13 @@ if ! dpkg -s clang libclang-rt-dev >/dev/null 2>&1; then
 fi
 
 # What the examples' tests need (the notebook, the Optuna sweep, tqdm, the
-# Lightning and Accelerate examples, Pillow for the augmentation sweep's
-# JPEGs), with the installed torch pinned so that nothing pulls another.
+# Lightning and Accelerate examples, the Hugging Face Trainer door's tests,
+# Pillow for the augmentation sweep's JPEGs), with the installed torch pinned
+# so that nothing pulls another.
 pin=$(mktemp)
 echo "torch==$($PY -c 'import torch; print(torch.__version__.split("+")[0])')" > "$pin"
 PIP_CONSTRAINT="$pin" $PY -m pip install -q nbclient nbformat ipykernel jupyter_client optuna tqdm \
-  lightning accelerate pillow
+  lightning accelerate transformers pillow
 rm -f "$pin"
 
 step "C++ tests"

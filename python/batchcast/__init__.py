@@ -14,7 +14,7 @@ from ._report import BatchcastWarning, KeptBatchesWarning, LingerWarning, Resume
 from .options import Augment, Cache, Group, Join, Pad, Placement
 
 if TYPE_CHECKING:
-    from . import ray
+    from . import ray, transformers
     from ._C import (
         PROTOCOL_VERSION,
         CudaError,
@@ -69,8 +69,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(_C, name)
     elif name in _FROM_MODULE:
         value = getattr(importlib.import_module(_FROM_MODULE[name], __name__), name)
-    elif name == "ray":  # imports Ray: only when asked for (bc.ray.consumer(...))
-        value = importlib.import_module(".ray", __name__)
+    elif name in ("ray", "transformers"):  # imports Ray, transformers: only when asked for
+        value = importlib.import_module("." + name, __name__)
     elif name == "__version__":
         value = _version()
     else:
@@ -80,7 +80,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | {"__version__", "ray"})
+    return sorted(set(globals()) | set(__all__) | {"__version__", "ray", "transformers"})
 
 
 def cuda_available() -> bool:

@@ -1,0 +1,218 @@
+"""The Hugging Face Trainer door (batchcast.transformers): a Trainer trains on
+a producer's batches with its own batch size and gradient accumulation, its
+steps counted from the consumer's len(), and resumes from its checkpoints
+where the data was (exactly, or the next pass with a ResumeWarning)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import batchcast as bc
+
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers (pip install transformers accelerate, torch pinned)")
+
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+N = 48  # samples per epoch, in loader batches of 2
+
+
+class Tokens(Dataset):
+    """Pre-tokenized, synthetic samples, each naming itself (sample_id)."""
+
+    def __init__(self, n: int, offset: int = 0):
+        self.n, self.offset = n, offset
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.offset + i)
+        return {"input_ids": torch.randint(1, 100, (8,), generator=g),
+                "attention_mask": torch.ones(8, dtype=torch.long),
+                "labels": torch.tensor((self.offset + i) % 2),
+                "sample_id": torch.tensor(self.offset + i)}
+
+
+def shuffled_loader():
+    return DataLoader(Tokens(N), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37))
+
+
+class Recording(bc.transformers.Trainer):
+    """Records the samples of each batch the model is trained on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[list[int]] = []
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        inputs = dict(inputs)
+        if model.training:
+            self.seen.append(inputs.pop("sample_id").tolist())
+        else:
+            inputs.pop("sample_id", None)
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+class Lengths(TrainerCallback):
+    """What the Trainer was handed to train on: its len() and its dataset's."""
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.loader = train_dataloader
+        self.lengths = (len(train_dataloader), len(train_dataloader.dataset))
+        self.rates = []
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        self.rates.append(lr_scheduler.get_last_lr()[0])
+
+
+class StopAt(TrainerCallback):
+    """Ends training after optimizer step `step` (a trial stopped, or crashed)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+        return control
+
+
+def arguments(out, **kw):
+    base = dict(output_dir=str(out), use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
+                save_strategy="no", seed=0)
+    return TrainingArguments(**{**base, **kw})
+
+
+def flat(batches):
+    return [i for b in batches for i in b]
+
+
+def test_a_trainer_trains_on_the_producers_batches_every_sample_once_per_epoch(runtime_dir, name, tmp_path):
+    with bc.Producer(shuffled_loader(), name, epochs=2):
+        lengths = Lengths()
+        trainer = Recording(model=tiny_model(), producer=name, eval_dataset=Tokens(8, offset=1000),
+                            callbacks=[lengths],
+                            args=arguments(tmp_path, per_device_train_batch_size=5, gradient_accumulation_steps=2,
+                                           num_train_epochs=2, per_device_eval_batch_size=4))
+        out = trainer.train()
+        # The consumer's len() is the Trainer's epoch: 48 samples in batches of 5 (the last 3), two to a
+        # step, so 5 optimizer steps an epoch and 10 in all (the LR schedule's).
+        assert lengths.lengths == (10, N)
+        assert lengths.loader is trainer.consumer  # the consumer itself: nothing of Accelerate around it
+        assert out.global_step == trainer.state.max_steps == 10
+        # The LR schedule knows those 10 steps: linear decay to 0 at the last.
+        assert lengths.rates == pytest.approx([5e-5 * (10 - k) / 10 for k in range(1, 11)])
+        assert [len(b) for b in trainer.seen] == [5] * 9 + [3] + [5] * 9 + [3]
+        first, second = flat(trainer.seen[:10]), flat(trainer.seen[10:])
+        assert sorted(first) == sorted(second) == list(range(N))
+        assert first != second  # the producer's loader shuffles each epoch
+        # Evaluation is the trial's own DataLoader over its eval_dataset.
+        metrics = trainer.evaluate()
+        assert "eval_loss" in metrics
+        assert trainer.consumer.stats()["batches"] == 20  # closed when training ended; its counters stay
+
+
+def test_max_steps_ends_training_within_an_epoch(runtime_dir, name, tmp_path):
+    with bc.Producer(shuffled_loader(), name, epochs=None):
+        trainer = Recording(model=tiny_model(), producer=name,
+                            args=arguments(tmp_path, per_device_train_batch_size=6, max_steps=10))
+        assert trainer.train().global_step == 10  # epoch 0 (8 batches of 6), 2 batches of epoch 1
+        assert [len(b) for b in trainer.seen] == [6] * 10
+        assert sorted(flat(trainer.seen[:8])) == list(range(N))
+        assert len(set(flat(trainer.seen[8:]))) == 12
+
+
+def _train_to_a_checkpoint(name, out):
+    """Trains epoch 0 in batches of 3 (16 an epoch, two a step), saving every 2 steps, and stops after
+    step 3: checkpoint-2 holds the first 4 batches, the 2 after it a resume must train on again."""
+    first = Recording(model=tiny_model(), producer=name, callbacks=[StopAt(3)],
+                      args=arguments(out, per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                                     num_train_epochs=2, save_strategy="steps", save_steps=2))
+    assert first.train().global_step == 3
+    checkpoint = os.path.join(out, "checkpoint-2")
+    assert os.path.isfile(os.path.join(checkpoint, bc.transformers.STATE_FILE))
+    assert [len(b) for b in first.seen] == [3] * 6
+    return first, checkpoint
+
+
+def _resume(name, out, checkpoint, callbacks=()):
+    """A new Trainer (a restarted trial) resumed from `checkpoint`: the rest of epoch 0 (12 batches of
+    3), then epoch 1 (16)."""
+    again = Recording(model=tiny_model(), producer=name, callbacks=list(callbacks),
+                      args=arguments(out, per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                                     num_train_epochs=2, save_strategy="steps", save_steps=2))
+    assert again.train(resume_from_checkpoint=checkpoint).global_step == 16
+    assert [len(b) for b in again.seen] == [3] * 28
+    return again
+
+
+class Release(TrainerCallback):
+    """Closes a consumer once training has begun (the resumed trainer's consumer has joined)."""
+
+    def __init__(self, consumer):
+        self.consumer = consumer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.consumer.close()
+
+
+def test_a_trainer_resumed_from_its_checkpoint_gets_the_rest_of_the_epoch_exactly(runtime_dir, name, tmp_path):
+    # Another trial of the producer, still at the epoch's start, keeps the epoch's batches in the ring
+    # (it holds up the producer: the ring takes 2 x slots + 1 batches, less than the epoch's 24), so
+    # the position the checkpoint was taken at is still held when the trial resumes.
+    with bc.Producer(shuffled_loader(), name, epochs=None, min_consumers=2, slots=8):
+        other = bc.Consumer(name, batch_size=4)
+        iter(other)
+        first, checkpoint = _train_to_a_checkpoint(name, tmp_path)
+        again = _resume(name, tmp_path, checkpoint, callbacks=[Release(other)])
+        assert again.consumer.stats()["resumed"] == "exact"
+    # The rest of epoch 0 from the checkpoint on (the 2 batches the stopped trial took after it again,
+    # as it had them), then epoch 1 whole: no batch replayed, none lost.
+    before, rest, epoch1 = flat(first.seen[:4]), flat(again.seen[:12]), flat(again.seen[12:])
+    assert sorted(before + rest) == list(range(N))
+    assert rest[:6] == flat(first.seen[4:])
+    assert sorted(epoch1) == list(range(N))
+
+
+def test_a_resume_the_producer_no_longer_holds_is_the_next_pass_with_a_warning(runtime_dir, name, tmp_path):
+    # Nobody else is there: once the trial left, the producer holds only its epoch's first loader batch.
+    with bc.Producer(shuffled_loader(), name, epochs=None, catch_up_window=1):
+        _train_to_a_checkpoint(name, tmp_path)
+        with pytest.warns(bc.ResumeWarning, match="epoch 0 at sample 12"):
+            again = _resume(name, tmp_path, True)  # the last checkpoint: checkpoint-2
+        assert again.consumer.stats()["resumed"] == "next-pass"
+    # The rest of epoch 0 is the same positions (12 to 47) of the producer's next pass: nothing twice
+    # within it (the samples it had not taken of the interrupted epoch are lost to it); then epoch 1.
+    rest, epoch1 = flat(again.seen[:12]), flat(again.seen[12:])
+    assert len(set(rest)) == 36
+    assert sorted(epoch1) == list(range(N))
+
+
+def test_a_checkpoint_without_a_batchcast_state_is_refused_mid_epoch(runtime_dir, name, tmp_path):
+    with bc.Producer(shuffled_loader(), name, epochs=None):
+        _, checkpoint = _train_to_a_checkpoint(name, tmp_path)
+        os.remove(os.path.join(checkpoint, bc.transformers.STATE_FILE))
+        with pytest.raises(ValueError, match="holds no batchcast state"):
+            _resume(name, tmp_path, checkpoint)
+
+
+def test_what_the_door_sets_itself_is_refused_in_consumer_options(tmp_path):
+    with pytest.raises(ValueError, match="may not set batch_size"):
+        bc.transformers.Trainer(model=tiny_model(), args=arguments(tmp_path), producer="x",
+                                consumer_options={"batch_size": 3})

@@ -12,20 +12,20 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
 # Seed with one valid message of every kind (each checked to decode below).
 "$out/fuzz_decode" -runs=0 "$out/corpus" >/dev/null 2>&1 || true
 python3 - "$out/corpus" <<'PY'
-import struct, sys, pathlib
+import pathlib, re, struct, sys
 d = pathlib.Path(sys.argv[1])
-VERSION = 9  # protocol::kVersion
+VERSION = int(re.search(r"kVersion = (\d+);", pathlib.Path("csrc/batchcast/protocol/message.h").read_text())[1])
 head = lambda kind, version=VERSION: struct.pack("<IHH", 0x54534342, version, kind)
 text = lambda s: struct.pack("<I", len(s)) + s
 host_ring = struct.pack("<iQB", 5, 4096, 0)
 gpu_ring = (struct.pack("<iQB", -1, 4096, 1) + b"\x5a" * 16 + struct.pack("<B", 1) + b"\x01" * 64
             + struct.pack("<I", 2) + b"\x02" * 128)
 seeds = {
-    "hello": head(1) + struct.pack("<qIq", 42, 1, 64) + text(b"") + struct.pack("<iiqqq", 0, 0, -1, 0, 0),
-    "hello-group": head(1) + struct.pack("<qIq", 42, 2, 8) + text(b"g") + struct.pack("<iiqqq", 1, 2, 3, 40, 8),
-    "welcome": head(2) + struct.pack("<q", 42) + host_ring + struct.pack("<QqqqqiBq", 1, 0, 100, 13, 8, 2, 0, 0)
+    "hello": head(1) + struct.pack("<qIq", 42, 1, 64) + text(b"") + struct.pack("<iiqqqQ", 0, 0, -1, 0, 0, 0),
+    "hello-group": head(1) + struct.pack("<qIq", 42, 2, 8) + text(b"g") + struct.pack("<iiqqqQ", 1, 2, 3, 40, 8, 77),
+    "welcome": head(2) + struct.pack("<qQ", 42, 77) + host_ring + struct.pack("<QqqqqiBq", 1, 0, 100, 13, 8, 2, 0, 0)
         + text(b"DataLoader") + struct.pack("<qiiq", 0, 1, 1, 0),
-    "welcome-gpu": head(2) + struct.pack("<q", 42) + gpu_ring + struct.pack("<QqqqqiBq", 1, 0, -1, -1, 8, 0, 0, 0)
+    "welcome-gpu": head(2) + struct.pack("<qQ", 42, 77) + gpu_ring + struct.pack("<QqqqqiBq", 1, 0, -1, -1, 8, 0, 0, 0)
         + text(b"") + struct.pack("<qiiq", -1, 2, 1, 0),
     "refuse": head(3, 7) + text(b"no"),
     "announce": head(4) + struct.pack("<qqQiiqq", 0, 1, 2, -1, 1, 2, 0) + text(b"[]") + struct.pack("<I", 2)

@@ -17,7 +17,7 @@ constexpr std::size_t kElementSizes[kDTypeCount] = {BATCHCAST_DTYPES(BATCHCAST_D
 constexpr const char* kDTypeNames[kDTypeCount] = {BATCHCAST_DTYPES(BATCHCAST_DTYPE_NAME)};
 #undef BATCHCAST_DTYPE_NAME
 #define BATCHCAST_DTYPE_LISTED(wire, bytes, name, scalar, code, bits) ", " name
-constexpr const char* kDTypeList = BATCHCAST_DTYPES(BATCHCAST_DTYPE_LISTED) + 2;  // without the first ", "
+constexpr const char* kDTypeList = &BATCHCAST_DTYPES(BATCHCAST_DTYPE_LISTED)[2];  // without the first ", "
 #undef BATCHCAST_DTYPE_LISTED
 
 class Writer {

@@ -15,6 +15,7 @@ import torch
 from conftest import eventually
 
 import batchcast as bc
+from batchcast._core import _C
 
 
 class Ids:
@@ -325,7 +326,7 @@ def test_every_dtype_the_core_lists_is_a_torch_dtype_that_arrives_as_its_values(
     # The core's one table of dtypes (wire, torch and DLPack take theirs from
     # it): each name is torch's, and a tensor of it arrives with its dtype
     # and values, through the producer and a rebatching consumer.
-    names = bc._core._C.dtypes()
+    names = _C.dtypes()
     assert len(names) == len(set(names)) == 15 and names[0] == "uint8"
     dtypes = [getattr(torch, n) for n in names]
     assert all(isinstance(d, torch.dtype) for d in dtypes)
@@ -354,7 +355,7 @@ def test_a_tensor_of_a_dtype_batchcast_cannot_share_is_an_error_naming_it_and_th
         producer.stop()
     message = str(error.value)
     assert "loader batch 0: batchcast cannot share this tensor (torch.float8_e4m3fn on cpu)" in message
-    shared = ", ".join(bc._core._C.dtypes())
+    shared = ", ".join(_C.dtypes())
     assert f"batchcast shares tensors of dtype {shared}, on the CPU or a CUDA GPU" in message
     assert "tensor.view(torch.uint8) keeps its bytes" in message
     # ... which works: the same samples, as bytes.

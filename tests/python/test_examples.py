@@ -312,6 +312,20 @@ def test_sweep_optuna(runtime_dir, tmp_path):
     assert os.listdir(runtime_dir) == []
 
 
+def test_optuna_trials_as_threads(runtime_dir, tmp_path):
+    """examples/optuna_threads.py: 3 trials as threads of one process, from a
+    producer in a process beside them, then a DataLoader each."""
+    pytest.importorskip("optuna", reason="needs optuna (pip install optuna)")
+    out = run_script(tmp_path, [str(EXAMPLES / "optuna_threads.py"), "--trials", "3", "--epochs", "2",
+                                "--samples", "256", "--size", "32"])
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+0\.\d+\s+(16|32|64)\s", line)]
+    assert len(rows) == 6 and all(row[-1] == "True" for row in rows), out  # 3 trials, both ways
+    assert [r[:2] for r in rows[:3]] == [r[:2] for r in rows[3:]], out  # the same parameters
+    assert re.search(r"^best: lr=", out, re.M), out
+    assert re.search(r"saved by sharing: wall -?[0-9.]+ s \([0-9.]+x trials/hour\), CPU -?[0-9.]+ s", out), out
+    assert os.listdir(runtime_dir) == []
+
+
 # ---- the C++ trainer -------------------------------------------------------
 
 def example_binary() -> Path | None:

@@ -326,6 +326,24 @@ def test_optuna_trials_as_threads(runtime_dir, tmp_path):
     assert os.listdir(runtime_dir) == []
 
 
+
+def test_hugging_face_hyperparameter_search(runtime_dir, tmp_path):
+    """examples/hf_search.py: Trainer.hyperparameter_search (Optuna) of 3 trials
+    from one cached producer, then the same search with a DataLoader each."""
+    pytest.importorskip("optuna", reason="needs optuna (pip install optuna)")
+    pytest.importorskip("transformers", reason="needs transformers (pip install transformers accelerate)")
+    out = run_script(tmp_path, [str(EXAMPLES / "hf_search.py"), "--trials", "3", "--epochs", "2",
+                                "--samples", "192", "--workers", "1"])
+    assert "from one producer (cache: ready)" in out, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+[0-2]\s+(True|False)$", line)]
+    assert rows == [["0", "True"], ["1", "True"], ["2", "True"]], out
+    best = re.search(r"^best: trial (\d+),", out, re.M)
+    assert best, out
+    # The same seeded sampler: the DataLoader search tried the same parameters and found the same best.
+    assert f"a DataLoader per trial: every sample once per epoch True, best trial {best.group(1)}" in out, out
+    assert re.search(r"saved by sharing: wall -?[0-9.]+ s", out), out
+    assert os.listdir(runtime_dir) == []
+
 # ---- the C++ trainer -------------------------------------------------------
 
 def example_binary() -> Path | None:

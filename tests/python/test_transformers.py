@@ -216,3 +216,42 @@ def test_what_the_door_sets_itself_is_refused_in_consumer_options(tmp_path):
     with pytest.raises(ValueError, match="may not set batch_size"):
         bc.transformers.Trainer(model=tiny_model(), args=arguments(tmp_path), producer="x",
                                 consumer_options={"batch_size": 3})
+
+
+class PerTrial(Recording):
+    """Records each trial's batches apart (hyperparameter_search reuses one Trainer)."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if model.training:
+            self.trials.setdefault(self._trial.number, []).append(inputs["sample_id"].tolist())
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_hyperparameter_search_trials_each_train_on_every_sample_once_per_epoch_in_their_batch_size(
+        runtime_dir, name, tmp_path):
+    optuna = pytest.importorskip("optuna", reason="needs optuna (pip install optuna)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sizes = {}
+
+    def hp_space(trial):
+        size = trial.suggest_categorical("per_device_train_batch_size", [5, 7])
+        sizes[trial.number] = size
+        return {"per_device_train_batch_size": size,
+                "learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-3, log=True)}
+
+    with bc.Producer(shuffled_loader(), name, epochs=None):  # beside the search, for all its trials
+        trainer = PerTrial(model_init=tiny_model, producer=name, eval_dataset=Tokens(8, offset=1000),
+                           args=arguments(tmp_path, num_train_epochs=2, remove_unused_columns=False))
+        trainer.trials = {}
+        sampler = optuna.samplers.GridSampler({"per_device_train_batch_size": [5, 7],
+                                               "learning_rate": [3e-4]}, seed=0)
+        best = trainer.hyperparameter_search(hp_space=hp_space, backend="optuna", n_trials=2,
+                                             direction="minimize", sampler=sampler)
+    assert best.run_id in ("0", "1")
+    assert sorted(sizes.values()) == [5, 7] and sorted(trainer.trials) == [0, 1]
+    for number, batches in trainer.trials.items():
+        size = sizes[number]
+        per_epoch = -(-N // size)
+        # Each trial joined the producer wherever it was, its own epochs each of every sample once.
+        assert [len(b) for b in batches] == ([size] * (per_epoch - 1) + [N - size * (per_epoch - 1)]) * 2
+        assert sorted(flat(batches[:per_epoch])) == sorted(flat(batches[per_epoch:])) == list(range(N))

@@ -5,10 +5,16 @@ where the data was (exactly, or the next pass with a ResumeWarning)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import eventually
 from torch.utils.data import DataLoader, Dataset
 
 import batchcast as bc
@@ -255,3 +261,81 @@ def test_hyperparameter_search_trials_each_train_on_every_sample_once_per_epoch_
         # Each trial joined the producer wherever it was, its own epochs each of every sample once.
         assert [len(b) for b in batches] == ([size] * (per_epoch - 1) + [N - size * (per_epoch - 1)]) * 2
         assert sorted(flat(batches[:per_epoch])) == sorted(flat(batches[per_epoch:])) == list(range(N))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(mode: str, name: str, out: Path) -> subprocess.Popen:
+    """tests/python/trainer_ranks.py MODE: a Trainer trial of 2 ranks (gloo on CPU), by torchrun."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), str(Path(__file__).with_name("trainer_ranks.py")), mode, name,
+         str(out)],
+        stdout=open(out / "ranks.out", "w"), stderr=subprocess.STDOUT, cwd=out)
+
+
+def finish_ranks(ranks: subprocess.Popen, out: Path) -> list[dict]:
+    try:
+        assert ranks.wait(180) == 0, (out / "ranks.out").read_text()
+    finally:
+        if ranks.poll() is None:
+            ranks.kill()
+            ranks.wait()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_data_parallel_trainer_of_two_ranks_is_one_group_beside_a_single_process_trial(
+        runtime_dir, name, tmp_path):
+    """torchrun of 2 ranks, each a bc.transformers.Trainer of one group: each epoch the ranks together
+    train on every sample once, rank r on the r-th batch of each 2 x 4 samples, in step with each other;
+    a single-process trial beside them gets every sample itself."""
+    # min_consumers=2: the group (it counts once) and the single trial.
+    with bc.Producer(shuffled_loader(), name, epochs=2, min_consumers=2):
+        ranks = start_ranks("train", name, tmp_path)
+        with bc.Consumer(name, batch_size=7) as single:
+            alone = [[i for batch in single for i in batch["sample_id"].tolist()] for _ in range(2)]
+        got = finish_ranks(ranks, tmp_path)
+    for r, rank in enumerate(got):
+        assert (rank["rank"], rank["world_size"]) == (r, 2)
+        assert rank["wrapped"] == "DistributedDataParallel"  # the model is DDP's; the loader is the consumer
+        assert rank["len"] == 6 and rank["steps"] == 12  # 48 samples / (2 ranks x 4) per epoch, 2 epochs
+        assert [len(b) for b in rank["seen"]] == [4] * 12
+    for epoch in range(2):
+        mine = [got[r]["seen"][epoch * 6:(epoch + 1) * 6] for r in range(2)]
+        assert sorted(flat(mine[0]) + flat(mine[1])) == list(range(N))
+        # Window k of the stream: rank 0's batch k, then rank 1's; the single trial saw the same stream.
+        stream = [i for k in range(6) for r in range(2) for i in mine[r][k]]
+        assert stream == alone[epoch]
+    # Each rank's checkpoints hold its own state.
+    for step in (3, 6, 9, 12):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        assert sorted(p.name for p in folder.glob("batchcast_state*.json")) == [
+            "batchcast_state_0.json", "batchcast_state_1.json"], step
+
+
+def test_a_data_parallel_trainer_resumed_from_its_checkpoint_gets_the_rest_of_the_epoch_exactly(
+        runtime_dir, name, tmp_path):
+    """The 2-rank trial stops after step 3 and is restarted from checkpoint-3: each rank restores its
+    own state, and the group trains on the rest of epoch 0 (no window twice, none lost), then epoch 1."""
+    with bc.Producer(shuffled_loader(), name, epochs=None, min_consumers=2, slots=8):
+        # Another trial at the epoch's start holds the producer there (as in the single-process
+        # resume test) until the restarted ranks have begun, so the checkpoint's position is held.
+        other = bc.Consumer(name, batch_size=4)
+        iter(other)
+        ranks = start_ranks("resume", name, tmp_path)
+        for r in range(2):
+            eventually(lambda r=r: (tmp_path / f"resumed{r}").exists(), f"rank {r}'s restarted Trainer began",
+                       timeout=150, watch=[ranks], err=lambda _: (tmp_path / "ranks.out").read_text())
+        other.close()
+        got = finish_ranks(ranks, tmp_path)
+    for rank in got:
+        assert [len(b) for b in rank["before"]] == [4] * 3 and [len(b) for b in rank["seen"]] == [4] * 9
+        assert rank["steps"] == 12 and rank["resumed"] == "exact"
+    before = flat(got[0]["before"]) + flat(got[1]["before"])
+    rest = flat(got[0]["seen"][:3]) + flat(got[1]["seen"][:3])
+    assert sorted(before + rest) == list(range(N))
+    assert sorted(flat(got[0]["seen"][3:]) + flat(got[1]["seen"][3:])) == list(range(N))

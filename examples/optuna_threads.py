@@ -8,8 +8,9 @@ with a DataLoader each, for comparison.
 Trials that run as threads of one process (Optuna's ``n_jobs``), or in the
 daemonic worker processes of ``multiprocessing.Pool`` and joblib, get no
 DataLoader workers: a daemonic process may not start children ("daemonic
-processes are not allowed to have children"), and forking workers while other
-threads train is what PyTorch warns against. Each trial then loads its data on
+processes are not allowed to have children"), and forking workers from a
+process whose other threads run risks deadlocks in the children (Python 3.12
+warns of it). Each trial then loads its data on
 its own thread, and decodes every sample of every epoch again.
 
 Here ``batchcast serve`` runs the loader (with ``--workers`` workers) in a

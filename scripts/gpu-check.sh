@@ -195,8 +195,10 @@ if [ "$tests" = ON ]; then
 fi
 
 # The GPU tests: test_gpu.py, and the rules of test_gpu_rules.py on the GPU
-# (their simulated-device runs are CI's).
-pytest_suite gpu 240 150 tests/python/test_gpu.py tests/python/test_gpu_rules.py tests/python/test_transform.py -k "not simulated"
+# (their simulated-device runs are CI's), the transform's side stream and the
+# decoded cache served into a GPU ring.
+pytest_suite gpu 240 150 tests/python/test_gpu.py tests/python/test_gpu_rules.py tests/python/test_transform.py \
+  tests/python/test_cache.py::test_a_gpu_ring_is_served_from_the_cache_through_its_pinned_mirror -k "not simulated"
 pytest_suite api 120 60 tests/python/test_api.py
 
 t=$(allot 400 100)  # 100 s stay for the trainer-overhead step after it

@@ -302,3 +302,41 @@ def test_a_gpu_ring_is_served_from_the_cache_through_its_pinned_mirror(runtime_d
     assert result["same"], result
     assert result["cached"]["cache_batches"] == 16 and result["cached"]["in_place"] == 16, result
     assert result["cached"]["calls"] == 45 + 2 * 4 and result["plain"]["calls"] == 3 * 45, result
+
+
+def test_a_group_on_a_cached_stream_gets_the_loaders_batches(runtime_dir, name):
+    # A data-parallel trial of 2 ranks (threads here) on 3 epochs: with the cache, each rank gets
+    # bit for bit the batches it gets from the loader itself (the same order), and the ranks
+    # together every sample of each epoch (padded to a multiple of the ranks, as a DistributedSampler).
+    n, epochs = 53, 3
+
+    def run(label, cache):
+        got: dict[int, list] = {}
+
+        def rank(r):
+            with bc.Consumer(label, 4, group=bc.Group("trial", r, 2), join="next_epoch", timeout=20) as c:
+                got[r] = [[(check_values(b, d), b["image"].clone(), b["embedding"].clone())
+                           for b, d in c.with_indices()] for _ in range(epochs)]
+
+        with bc.Producer(loader_of(Decoded(n), 6), label, epochs=epochs, cache=cache, linger=1) as producer:
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            stats = producer.stats()
+        assert sorted(got) == [0, 1]
+        return got, stats
+
+    want, _ = run(name + "-plain", None)
+    got, stats = run(name, "memory")
+    assert stats["cache_batches"] == (epochs - 1) * 9
+    for r in range(2):
+        assert len(got[r]) == epochs
+        for mine, theirs in zip(got[r], want[r]):
+            assert len(mine) == len(theirs) == 7  # 53 samples in windows of 2 x 4: 7 each
+            for (ids, image, emb), (ids2, image2, emb2) in zip(mine, theirs):
+                assert ids == ids2 and torch.equal(image, image2) and torch.equal(emb, emb2)
+    for e in range(epochs):
+        ids = [i for r in range(2) for batch in got[r][e] for i in batch[0]]
+        assert set(ids) == set(range(n)) and len(ids) == 54  # + 1: to a multiple of the ranks

@@ -145,7 +145,9 @@ class DecodedCache:
         self.warm = False  # started from a file a producer before it made
         self._file: torch.Tensor | None = None  # the disk cache's mapping
         self._partial: str | None = None  # ... while it is being made: its file
-        self._said_warm = False  # a warm start is said as its first epoch begins
+        self._said_warm = False  # a warm start is said as its first epoch begins (a serve's log is set up by then)
+        self._specs: list[dict[str, Any]] = []  # the disk file's leaves, as its header lists them
+        self._bitmap_at = 0  # ... and where its bitmap of the samples kept begins
         self.path = ""
         if option.where == "disk":
             directory = os.fspath(option.directory) if option.directory is not None else default_directory()
@@ -457,7 +459,6 @@ class DecodedCache:
         self.bytes = header["lists_at"] - _ALIGN  # (as a memory cache counts: the rows and the bitmap)
         self.state = "ready"
         self.warm = True
-        self._said_warm = False  # (said as its first epoch begins: a serve's log is set up by then)
 
     def _create_file(self, paths: list[str], rows: list[tuple[str, torch.dtype, tuple[int, ...]] | None],
                      leaves: Sequence[Leaf], total: int) -> list[_Kept] | None:
@@ -485,7 +486,7 @@ class DecodedCache:
             return None
         kept: list[_Kept] = []
         at = _ALIGN
-        self._specs: list[dict[str, Any]] = []
+        self._specs = []
         for path, spec in zip(paths, rows):
             if spec is None:
                 kept.append(_Kept(path, items=[None] * self.size))

@@ -16,6 +16,17 @@ fork waits for microseconds to milliseconds. A fork from inside a section (a
 transform that forks) does not wait for itself. A section that does not end
 within ``FORK_WAIT`` seconds (a transform stuck on something) lets the fork go
 on with a WARNING, rather than hang the forking thread.
+
+A trainer's own code is the same hazard: trials as threads of a process
+(Optuna's ``n_jobs``), or a notebook that trains beside the producer it
+started, run torch ops (a dropout draws from the generator under its lock)
+while the producer's DataLoader forks its workers from another thread. So a
+consumer's batch handed to a trainer opens a section too (a ``Turn``), from
+the moment the iterator yields it until the trainer asks for the next one,
+or leaves the epoch: a fork waits until every such trainer thread is back
+inside the consumer, waiting for a batch (where it holds no torch lock). The
+producer that forks makes no batch meanwhile, so the trainers' rings drain
+and they come back within a few steps.
 """
 
 from __future__ import annotations
@@ -32,9 +43,36 @@ FORK_WAIT = 10.0  # seconds a fork waits for sections under way
 
 _cond = threading.Condition(threading.Lock())
 _active = 0  # sections under way, in every thread
+_trainers = 0  # ... of which trainers' turns
+_own: dict[int, int] = {}  # each thread's sections under way
 _forking: int | None = None  # the thread that is forking (new sections wait)
-_depth = threading.local()  # this thread's sections under way
 _forks_held = 0  # forks that waited for a section (for tests)
+
+
+def _enter(trainer: bool) -> int:
+    global _active, _trainers
+    me = threading.get_ident()
+    with _cond:
+        while _forking is not None and _forking != me:
+            _cond.wait()
+        _active += 1
+        _trainers += trainer
+        _own[me] = _own.get(me, 0) + 1
+    return me
+
+
+def _leave(thread: int, trainer: bool) -> None:
+    global _active, _trainers
+    with _cond:
+        _active -= 1
+        _trainers = max(0, _trainers - trainer)
+        left = _own.get(thread, 0) - 1
+        if left > 0:
+            _own[thread] = left
+        else:
+            _own.pop(thread, None)
+        if _active == 0 or _forking is not None:
+            _cond.notify_all()
 
 
 class _Section:
@@ -43,22 +81,33 @@ class _Section:
     __slots__ = ()
 
     def __enter__(self) -> None:
-        global _active
-        me = threading.get_ident()
-        with _cond:
-            while _forking is not None and _forking != me:
-                _cond.wait()
-            _active += 1
-        _depth.n = getattr(_depth, "n", 0) + 1
+        _local.entered = [*getattr(_local, "entered", ()), _enter(False)]
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
-        global _active
-        _depth.n -= 1
-        with _cond:
-            _active -= 1
-            if _active == 0:
-                _cond.notify_all()
+        _leave(_local.entered.pop(), False)
+
+
+_local = threading.local()
+
+
+class Turn:
+    """A trainer's turn with one batch: ``begin()`` as a consumer's iterator
+    hands it out, ``end()`` when the trainer asks for the next (or leaves the
+    epoch). Either may be called from any thread; ``end()`` twice is once."""
+
+    __slots__ = ("_thread",)
+
+    def __init__(self) -> None:
+        self._thread: int | None = None
+
+    def begin(self) -> None:
+        self._thread = _enter(True)
+
+    def end(self) -> None:
+        if self._thread is not None:
+            thread, self._thread = self._thread, None
+            _leave(thread, True)
 
 
 section = _Section()
@@ -76,20 +125,27 @@ def forks_held() -> int:
 
 def _before_fork() -> None:
     global _forking, _forks_held
-    own = getattr(_depth, "n", 0)
+    me = threading.get_ident()
     deadline = time.monotonic() + FORK_WAIT
     with _cond:
-        _forking = threading.get_ident()
+        own = _own.get(me, 0)
+        _forking = me
         if _active > own:
             _forks_held += 1
         while _active > own:
             left = deadline - time.monotonic()
             if left <= 0:
+                if _trainers > 0:
+                    what = ("a trainer thread of it to come back for its next batch of a batchcast "
+                            "consumer (it runs torch code beside the fork, or holds a batch without "
+                            "iterating on)")
+                else:
+                    what = "a batchcast consumer's transform to finish its sample"
                 _log.warning(
-                    "a fork of process %d waited %.0f s for a batchcast consumer's transform to "
-                    "finish its sample, and goes on without it: if the child hangs, a lock the "
-                    "transform held was copied held (make the transform return, or start the "
-                    "DataLoader's workers with multiprocessing_context='spawn')", os.getpid(), FORK_WAIT)
+                    "a fork of process %d waited %.0f s for %s, and goes on without it: if the child "
+                    "hangs, a lock that thread held was copied held (serve the loader from a process of "
+                    "its own, `batchcast serve`, or start the DataLoader's workers with "
+                    "multiprocessing_context='forkserver')", os.getpid(), FORK_WAIT, what)
                 break
             _cond.wait(left)
 
@@ -103,9 +159,13 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     # Only the forking thread goes on here: its own sections are the only ones.
-    global _cond, _active, _forking
+    global _cond, _active, _trainers, _own, _forking
+    me = threading.get_ident()
+    own = _own.get(me, 0)
     _cond = threading.Condition(threading.Lock())
-    _active = getattr(_depth, "n", 0)
+    _active = own
+    _trainers = 0  # (only the warning's words read it)
+    _own = {me: own} if own else {}
     _forking = None
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ._core import _C
 from ._structure import unflatten
-from . import _state
+from . import _forks, _state
 from ._loader_like import EpochBatches, EpochSamples, WithIndices
 from ._transform import Taken, Transform, default_threads
 from .options import Augment, Group, Join, Pad, Placement, takes_generator
@@ -287,13 +287,24 @@ class Consumer:
             return self._epoch(core)
         return self._epoch_of(core, epoch - self._epoch_zero, indices)
 
+    # While the trainer has a batch (from the yield until it asks for the next),
+    # its thread runs torch code: a fork of this process waits for it to come
+    # back (_forks.Turn: a DataLoader's worker forked meanwhile could copy a
+    # torch lock held).
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
-        while True:
-            item = core.next()
-            if item is None:
-                break
-            layout, leaves, _ = item
-            yield unflatten(layout, leaves)
+        turn = _forks.Turn()
+        try:
+            while True:
+                item = core.next()
+                if item is None:
+                    break
+                layout, leaves, _ = item
+                batch = unflatten(layout, leaves)
+                turn.begin()
+                yield batch
+                turn.end()
+        finally:
+            turn.end()
 
     def _epoch_of(self, core: _C.Consumer, number: int, indices: bool) -> Iterator[Any]:
         """An epoch with the transform applied and/or the indices handed out
@@ -301,8 +312,14 @@ class Consumer:
         take = functools.partial(self._take, core)
         work = self._transform
         batches = self._untransformed(take) if work is None else work.epoch(take, number)
-        for batch, ids in batches:
-            yield (batch, ids) if indices else batch
+        turn = _forks.Turn()
+        try:
+            for batch, ids in batches:
+                turn.begin()
+                yield (batch, ids) if indices else batch
+                turn.end()
+        finally:
+            turn.end()
 
     @staticmethod
     def _untransformed(take: Callable[[], Taken | None]) -> Iterator[tuple[Any, Any]]:

@@ -164,3 +164,51 @@ def zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+def test_the_producer_forks_its_workers_while_no_trainer_thread_of_its_process_holds_a_batch(runtime_dir, name):
+    """A trainer training in the producer's process (a trial thread, a notebook) holds torch's locks
+    while its ops run (a dropout's draw holds the generator's): a DataLoader worker forked then would
+    copy such a lock held and wait for it for ever. Here a Python lock stands for it, held by the
+    trainer through each of its steps, and the loader's worker_init_fn takes it: the producer forks
+    its next epoch's worker while the trainer is inside a step, and the worker must find the lock
+    free: the fork waited until the trainer came back for its next batch."""
+    import multiprocessing
+    import threading
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from workers import IdDataset, sample_ids
+
+    import batchcast as bc
+    from batchcast import _forks
+
+    held = threading.Lock()  # stands for a torch lock the trainer's op holds
+
+    def take_the_lock(_):
+        if not held.acquire(timeout=5):
+            raise RuntimeError("this worker was forked while the trainer held its lock: it would hang")
+        held.release()
+
+    # Not persistent: the worker of each epoch is forked as the producer begins it.
+    loader = DataLoader(IdDataset(40), batch_size=4, num_workers=1, worker_init_fn=take_the_lock)
+    waited = _forks.forks_held()
+    seen = []
+    with bc.Producer(loader, name, epochs=2, slots=16) as producer:
+        with bc.Consumer(name, batch_size=4, timeout=30) as consumer:
+            for epoch in range(2):
+                for k, batch in enumerate(consumer):
+                    with held:  # the trainer's step
+                        if epoch == 0 and k == 0:
+                            # Inside its first step, until the producer forks epoch 1's worker: it
+                            # waits for this step (or, were it not to, has forked it meanwhile).
+                            before = {p.pid for p in multiprocessing.active_children()}
+                            eventually(lambda: _forks._forking is not None or any(
+                                p.pid not in before for p in multiprocessing.active_children()),
+                                "the producer forking epoch 1's worker", timeout=30)
+                        seen.append(sample_ids(batch))
+        assert producer.join(30)
+    assert sorted(i for ids in seen[:10] for i in ids) == sorted(i for ids in seen[10:] for i in ids) == list(
+        range(40))
+    assert _forks.forks_held() > waited  # the fork of epoch 1's worker waited for the trainer's step

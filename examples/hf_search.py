@@ -87,15 +87,19 @@ def hp_space(trial: optuna.Trial) -> dict[str, Any]:
 
 
 class RecordsSamples:
-    """Notes the samples each trial trains on (``sample_id``, which the model does not take)."""
+    """Notes the samples each trial trains on (``sample_id``, which the model
+    does not take), and its parameters."""
 
     seen: dict[int, list[int]]
+    params: dict[int, dict[str, Any]]
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         inputs = dict(inputs)
         ids = inputs.pop("sample_id")
         if model.training:
-            self.seen.setdefault(self._trial.number, []).extend(ids.tolist())  # type: ignore[attr-defined]
+            trial = self._trial  # type: ignore[attr-defined]
+            self.seen.setdefault(trial.number, []).extend(ids.tolist())
+            self.params.setdefault(trial.number, dict(trial.params))
         return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
 
@@ -112,9 +116,9 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def search(args: argparse.Namespace, shared: bool, out: str) -> tuple[Any, dict[int, list[int]], float, float]:
-    """One search of args.trials trials; its best run, what each trial saw,
-    its wall and CPU seconds."""
+def search(args: argparse.Namespace, shared: bool, out: str) -> tuple[Any, Any, float, float]:
+    """One search of args.trials trials; its best run, its trainer (what each
+    trial saw, its parameters), its wall and CPU seconds."""
     arguments = TrainingArguments(
         output_dir=out, num_train_epochs=args.epochs, use_cpu=True, report_to=[], disable_tqdm=True,
         logging_strategy="no", save_strategy="no", eval_strategy="no", per_device_eval_batch_size=64,
@@ -126,21 +130,29 @@ def search(args: argparse.Namespace, shared: bool, out: str) -> tuple[Any, dict[
         trainer = SharedTrainer(producer=NAME, **common)  # the one change: producer= for train_dataset=
     else:
         trainer = OwnTrainer(train_dataset=Reviews(args.samples), **common)
-    trainer.seen = {}
+    trainer.seen, trainer.params = {}, {}
     trainer.remove_callback(transformers.PrinterCallback)  # each trial's metrics: not printed here
     cpu, start = cpu_seconds(), time.perf_counter()
     best = trainer.hyperparameter_search(hp_space=hp_space, backend="optuna", n_trials=args.trials,
                                          direction="minimize",
                                          sampler=optuna.samplers.RandomSampler(seed=args.seed))
-    return best, trainer.seen, time.perf_counter() - start, cpu_seconds() - cpu
+    return best, trainer, time.perf_counter() - start, cpu_seconds() - cpu
 
 
-def check(seen: dict[int, list[int]], args: argparse.Namespace) -> list[bool]:
-    """Whether each trial's epochs each held every sample once."""
+def show(title: str, trainer: Any, args: argparse.Namespace) -> bool:
+    """Prints each trial's parameters and whether its epochs each held every
+    sample once; whether all did."""
     n = args.samples
-    return [len(ids) == args.epochs * n
-            and all(sorted(ids[e * n:(e + 1) * n]) == list(range(n)) for e in range(args.epochs))
-            for _, ids in sorted(seen.items())]
+    print(title)
+    print(f"  {'trial':>5} {'learning_rate':>13} {'batch':>5}  every sample once per epoch")
+    every = len(trainer.seen) == args.trials
+    for number, ids in sorted(trainer.seen.items()):
+        once = len(ids) == args.epochs * n and all(
+            sorted(ids[e * n:(e + 1) * n]) == list(range(n)) for e in range(args.epochs))
+        params = trainer.params[number]
+        print(f"  {number:5d} {params['learning_rate']:13.6f} {params['per_device_train_batch_size']:5d}  {once}")
+        every &= once
+    return every
 
 
 def main() -> None:
@@ -161,23 +173,18 @@ def main() -> None:
         loader = DataLoader(Reviews(args.samples), batch_size=64, shuffle=True, num_workers=args.workers,
                             persistent_workers=args.workers > 0)
         with bc.Producer(loader, NAME, cache="memory") as producer:  # serves until the block ends
-            best, seen, wall, cpu = search(args, shared=True, out=out)
+            best, shared, wall, cpu = search(args, shared=True, out=out)
             cached = producer.stats()["cache"]
-        ok = check(seen, args)
-        print(f"{args.trials} trials of Trainer.hyperparameter_search (Optuna), one after another, "
-              f"from one producer (cache: {cached}):")
-        print(f"  trial  every sample once per epoch")
-        for number, once in zip(sorted(seen), ok):
-            print(f"  {number:5d}  {once}")
-        print(f"best: trial {best.run_id}, learning_rate={best.hyperparameters['learning_rate']:.3g}, "
-              f"batch size {best.hyperparameters['per_device_train_batch_size']}, eval loss {best.objective:.4f}")
-        if not all(ok) or len(ok) != args.trials:
+        ok = show(f"{args.trials} trials of Trainer.hyperparameter_search (Optuna), one after another, "
+                  f"from one producer (cache: {cached}):", shared, args)
+        print(f"best: trial {best.run_id}, eval loss {best.objective:.4f}")
+        if not ok:
             sys.exit("a trial fed by the producer did not see every sample once per epoch")
         if args.no_compare:
             return
-        own_best, own_seen, own_wall, own_cpu = search(args, shared=False, out=out)
-    print("the same search, a DataLoader per trial: every sample once per epoch "
-          f"{all(check(own_seen, args))}, best trial {own_best.run_id}")
+        own_best, own, own_wall, own_cpu = search(args, shared=False, out=out)
+    show("the same search (the same seeded sampler: the same parameters), a DataLoader per trial:", own, args)
+    print(f"best: trial {own_best.run_id}, eval loss {own_best.objective:.4f}")
     samples = args.trials * args.epochs * args.samples
     print(f"{'':12}{'wall':>9} {'trials/hour':>12} {'CPU':>9} {'CPU ms/sample':>14}")
     for label, w, c in (("batchcast", wall, cpu), ("dataloader", own_wall, own_cpu)):

@@ -37,13 +37,15 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
           min_consumers: int = 1, idle_timeout: float | None = 300.0,
           die_after: int = -1, started: Any = None, sleep: float = 0.0,
           producer_epochs: int | None = None, workers: int = 0,
-          hold_at: int = -1, consumer_options: dict[str, Any] | None = None) -> dict[str, Any]:
+          hold_at: int = -1, consumer_options: dict[str, Any] | None = None,
+          cache: str | None = None) -> dict[str, Any]:
     """A trial: the node's stream at its own batch size for `epochs` epochs,
     every value checked. `die_after` >= 0: killed (SIGKILL, by itself) after
     that many batches, holding them. `started`: an actor told of every batch;
     with `hold_at`, after that many batches the trial waits (holding its
     batch) until the test opens `started`'s gate.
-    `sleep`: seconds of "training" per batch."""
+    `sleep`: seconds of "training" per batch. `cache`: the producer's
+    decoded cache (its option), if it is made here."""
     import time
 
     import batchcast as bc
@@ -52,7 +54,7 @@ def trial(name: str, samples: int, loader_batch: int, batch_size: int, epochs: i
                                batch_size=batch_size,
                                idle_timeout=idle_timeout,
                                producer_options={"min_consumers": min_consumers,
-                                                 "epochs": producer_epochs},
+                                                 "epochs": producer_epochs, "cache": cache},
                                **(consumer_options or {}))
     got, held = [], []
     length = len(consumer)  # known from the start: the producer has the DataLoader itself

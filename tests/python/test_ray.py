@@ -277,3 +277,22 @@ def test_a_producer_whose_loader_factory_raises_fails_the_trial_clearly(cluster)
     assert "could not start" in str(info.value) and "no such dataset" in str(info.value)
     bcr.shutdown("broken")
     assert batchcast_actors() == []
+
+
+def test_a_nodes_producer_serves_later_epochs_from_its_decoded_cache(cluster):
+    import math
+
+    import batchcast.ray as bcr
+    from ray_workers import loader_order, trial
+
+    b = cluster.workers[1].node_id
+    got = ray.get(trial.options(scheduling_strategy=on(b)).remote(
+        "cached", SAMPLES, LOADER_BATCH, 24, 3, producer_epochs=3, cache="memory"), timeout=240)
+    # The loader's own order every epoch, though epochs 1 and 2 were gathered from the kept samples.
+    assert got["epochs"] == loader_order(SAMPLES, LOADER_BATCH)[:3]
+    (info,) = eventually(lambda: [i for i in bcr.producers("cached")
+                                  if i["stats"].get("epochs_done") == 3], "its report", 30)
+    assert info["stats"]["cache"] == "ready"
+    assert info["stats"]["cache_batches"] == 2 * math.ceil(SAMPLES / LOADER_BATCH)
+    bcr.shutdown("cached")
+    assert_nothing_left(cluster, [info["pid"]])

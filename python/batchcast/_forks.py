@@ -19,14 +19,16 @@ on with a WARNING, rather than hang the forking thread.
 
 A trainer's own code is the same hazard: trials as threads of a process
 (Optuna's ``n_jobs``), or a notebook that trains beside the producer it
-started, run torch ops (a dropout draws from the generator under its lock)
-while the producer's DataLoader forks its workers from another thread. So a
-consumer's batch handed to a trainer opens a section too (a ``Turn``), from
-the moment the iterator yields it until the trainer asks for the next one,
-or leaves the epoch: a fork waits until every such trainer thread is back
-inside the consumer, waiting for a batch (where it holds no torch lock). The
-producer that forks makes no batch meanwhile, so the trainers' rings drain
-and they come back within a few steps.
+started, run torch ops (building a model draws its weights, a dropout draws,
+from the generator under its lock) while the producer's DataLoader forks its
+workers from another thread. So an open consumer is a section too (a
+``Turn``) while the thread that iterates it runs its own code: from the
+consumer's making until its first ``next()``, and from each batch (or epoch
+end) handed out until the next ``next()``, until it is closed. A fork waits
+until every such thread is back inside its consumer, waiting for a batch
+(where it holds no torch lock). The producer that forks makes no batch
+meanwhile, so the trainers' rings drain and they come back within a few
+steps; a consumer left open without iterating holds forks for FORK_WAIT.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def _enter(trainer: bool) -> int:
 def _leave(thread: int, trainer: bool) -> None:
     global _active, _trainers
     with _cond:
+        if _own.get(thread, 0) == 0:
+            return  # entered in the process this one was forked from, on another thread
         _active -= 1
         _trainers = max(0, _trainers - trainer)
         left = _own.get(thread, 0) - 1
@@ -88,13 +92,15 @@ class _Section:
         _leave(_local.entered.pop(), False)
 
 
-_local = threading.local()
+_local = threading.local()  # the threads' sections entered (as a stack)
+section = _Section()
 
 
 class Turn:
-    """A trainer's turn with one batch: ``begin()`` as a consumer's iterator
-    hands it out, ``end()`` when the trainer asks for the next (or leaves the
-    epoch). Either may be called from any thread; ``end()`` twice is once."""
+    """A trainer's turn: a consumer is open and the thread that iterates it
+    runs its own code (``begin()``), not waiting inside the consumer for a
+    batch (``end()``). ``begin()`` on another thread moves the turn there;
+    ``end()`` twice is once."""
 
     __slots__ = ("_thread",)
 
@@ -102,15 +108,15 @@ class Turn:
         self._thread: int | None = None
 
     def begin(self) -> None:
+        if self._thread == threading.get_ident():
+            return
+        self.end()
         self._thread = _enter(True)
 
     def end(self) -> None:
         if self._thread is not None:
             thread, self._thread = self._thread, None
             _leave(thread, True)
-
-
-section = _Section()
 
 
 def active() -> int:
@@ -137,8 +143,8 @@ def _before_fork() -> None:
             if left <= 0:
                 if _trainers > 0:
                     what = ("a trainer thread of it to come back for its next batch of a batchcast "
-                            "consumer (it runs torch code beside the fork, or holds a batch without "
-                            "iterating on)")
+                            "consumer (it runs torch code beside the fork, or keeps a consumer open "
+                            "without iterating it)")
                 else:
                     what = "a batchcast consumer's transform to finish its sample"
                 _log.warning(

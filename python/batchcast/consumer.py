@@ -197,7 +197,15 @@ class Consumer:
             **({} if padding is None else padding._core()))
         _name_the_line_that_writes()
         self._stats: dict[str, Any] | None = None
-        self._connect(state)
+        # This thread runs its own code (a fork waits for it: _forks) from
+        # before the producer can know of this consumer.
+        self._turn = _forks.Turn()
+        self._turn.begin()
+        try:
+            self._connect(state)
+        except BaseException:
+            self._turn.end()
+            raise
 
     def _connect(self, state: dict[str, Any] | None) -> None:
         self._core = self._open(state)
@@ -287,39 +295,44 @@ class Consumer:
             return self._epoch(core)
         return self._epoch_of(core, epoch - self._epoch_zero, indices)
 
-    # While the trainer has a batch (from the yield until it asks for the next),
-    # its thread runs torch code: a fork of this process waits for it to come
-    # back (_forks.Turn: a DataLoader's worker forked meanwhile could copy a
+    # While the thread that iterates an open consumer runs its own code (it
+    # has a batch, an epoch ended, or it has not asked yet), it may run torch
+    # ops: a fork of this process waits until it is back here, waiting for a
+    # batch (_forks.Turn: a DataLoader worker forked meanwhile could copy a
     # torch lock held).
+    def _resume_turn(self) -> None:
+        self._turn.begin()
+        if self._core is None:  # closed meanwhile (close() ends the turn after it lets go)
+            self._turn.end()
+
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
-        turn = _forks.Turn()
-        try:
-            while True:
+        while True:
+            self._turn.end()
+            try:
                 item = core.next()
-                if item is None:
-                    break
-                layout, leaves, _ = item
-                batch = unflatten(layout, leaves)
-                turn.begin()
-                yield batch
-                turn.end()
-        finally:
-            turn.end()
+            finally:
+                self._resume_turn()
+            if item is None:
+                break
+            layout, leaves, _ = item
+            yield unflatten(layout, leaves)
 
     def _epoch_of(self, core: _C.Consumer, number: int, indices: bool) -> Iterator[Any]:
         """An epoch with the transform applied and/or the indices handed out
         (the transform fetches its batches, one ahead with threads)."""
         take = functools.partial(self._take, core)
         work = self._transform
-        batches = self._untransformed(take) if work is None else work.epoch(take, number)
-        turn = _forks.Turn()
-        try:
-            for batch, ids in batches:
-                turn.begin()
-                yield (batch, ids) if indices else batch
-                turn.end()
-        finally:
-            turn.end()
+        batches = iter(self._untransformed(take) if work is None else work.epoch(take, number))
+        while True:
+            self._turn.end()
+            try:
+                got = next(batches, None)
+            finally:
+                self._resume_turn()
+            if got is None:
+                break
+            batch, ids = got
+            yield (batch, ids) if indices else batch
 
     @staticmethod
     def _untransformed(take: Callable[[], Taken | None]) -> Iterator[tuple[Any, Any]]:
@@ -403,15 +416,20 @@ class Consumer:
 
     def close(self) -> None:
         """Leaves the producer. Tensors already handed out stay valid."""
+        turn = getattr(self, "_turn", None)
         if getattr(self, "_pid", None) != os.getpid():
             # A forked child's copy (or a consumer never made): the connection,
             # the threads and what they fetched are the parent's; nothing of
             # them is waited for, closed or given back here.
             self._core = self._transform = None
+            if turn is not None:
+                turn.end()
             return
         if self._transform is not None:
             self._transform.close()  # what is ahead dropped, its threads ended
         core, self._core = self._core, None
+        if turn is not None:
+            turn.end()
         if core is not None:
             self._stats = core.stats()
             core.close()

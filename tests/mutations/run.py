@@ -138,6 +138,17 @@ MUTANTS = {
         "fork",
         "test_forks.py",
     ),
+    "fork-ignores-a-trainers-turn": (
+        "python/batchcast/consumer.py",
+        [("        self._turn.begin()\n        try:\n            self._connect(state)",
+          "        try:\n            self._connect(state)"),
+         ("    def _resume_turn(self) -> None:\n        self._turn.begin()\n",
+          "    def _resume_turn(self) -> None:\n        pass\n")],
+        "a fork of a trainer's process does not wait for the thread that iterates a consumer: a loader "
+        "worker forked while the trainer builds its model or steps copies a torch lock held and hangs",
+        "no_trainer_thread or first_workers",
+        "test_forks.py",
+    ),
     "cache-gathers-the-wrong-row": (
         "python/batchcast/_cache.py",
         [("                    torch.index_select(kept.rows, 0, at, out=out)\n",

@@ -166,6 +166,61 @@ def zombie(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
 
+def held_lock_and_a_loader_that_takes_it(workers: int = 1):
+    """A Python lock standing for a torch lock a trainer's op holds, and a
+    loader (workers not persistent: forked as each epoch begins) whose
+    worker_init_fn takes it: a worker forked while it was held fails."""
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    from workers import IdDataset
+
+    held = threading.Lock()
+
+    def take_the_lock(_):
+        if not held.acquire(timeout=5):
+            raise RuntimeError("this worker was forked while the trainer held its lock: it would hang")
+        held.release()
+
+    return held, DataLoader(IdDataset(40), batch_size=4, num_workers=workers, worker_init_fn=take_the_lock)
+
+
+def a_new_child(before: set[int]) -> bool:
+    import multiprocessing
+
+    return any(p.pid not in before for p in multiprocessing.active_children())
+
+
+def children() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_the_producer_forks_its_first_workers_once_a_trainer_that_just_connected_asks_for_a_batch(
+        runtime_dir, name):
+    """A trial connects its consumer, then builds its model (drawing its weights under the generator's
+    lock) while the producer, which it just joined, forks the epoch's workers."""
+    import batchcast as bc
+    from batchcast import _forks
+    from workers import sample_ids
+
+    held, loader = held_lock_and_a_loader_that_takes_it()
+    waited = _forks.forks_held()
+    with bc.Producer(loader, name, epochs=1) as producer:
+        with held:  # the trial builds its model, just connected
+            before = children()
+            consumer = bc.Consumer(name, batch_size=4, timeout=30)
+            eventually(lambda: _forks._forking is not None or a_new_child(before),
+                       "the producer forking epoch 0's worker", timeout=30)
+        with consumer:
+            ids = [i for batch in consumer for i in sample_ids(batch)]
+        assert producer.join(30)
+    assert sorted(ids) == list(range(40))
+    assert _forks.forks_held() > waited  # the fork waited for the trial to ask for its first batch
+
+
 def test_the_producer_forks_its_workers_while_no_trainer_thread_of_its_process_holds_a_batch(runtime_dir, name):
     """A trainer training in the producer's process (a trial thread, a notebook) holds torch's locks
     while its ops run (a dropout's draw holds the generator's): a DataLoader worker forked then would
@@ -173,26 +228,11 @@ def test_the_producer_forks_its_workers_while_no_trainer_thread_of_its_process_h
     trainer through each of its steps, and the loader's worker_init_fn takes it: the producer forks
     its next epoch's worker while the trainer is inside a step, and the worker must find the lock
     free: the fork waited until the trainer came back for its next batch."""
-    import multiprocessing
-    import threading
-
-    import torch
-    from torch.utils.data import DataLoader
-
-    from workers import IdDataset, sample_ids
-
     import batchcast as bc
     from batchcast import _forks
+    from workers import sample_ids
 
-    held = threading.Lock()  # stands for a torch lock the trainer's op holds
-
-    def take_the_lock(_):
-        if not held.acquire(timeout=5):
-            raise RuntimeError("this worker was forked while the trainer held its lock: it would hang")
-        held.release()
-
-    # Not persistent: the worker of each epoch is forked as the producer begins it.
-    loader = DataLoader(IdDataset(40), batch_size=4, num_workers=1, worker_init_fn=take_the_lock)
+    held, loader = held_lock_and_a_loader_that_takes_it()
     waited = _forks.forks_held()
     seen = []
     with bc.Producer(loader, name, epochs=2, slots=16) as producer:
@@ -203,10 +243,9 @@ def test_the_producer_forks_its_workers_while_no_trainer_thread_of_its_process_h
                         if epoch == 0 and k == 0:
                             # Inside its first step, until the producer forks epoch 1's worker: it
                             # waits for this step (or, were it not to, has forked it meanwhile).
-                            before = {p.pid for p in multiprocessing.active_children()}
-                            eventually(lambda: _forks._forking is not None or any(
-                                p.pid not in before for p in multiprocessing.active_children()),
-                                "the producer forking epoch 1's worker", timeout=30)
+                            before = children()
+                            eventually(lambda: _forks._forking is not None or a_new_child(before),
+                                       "the producer forking epoch 1's worker", timeout=30)
                         seen.append(sample_ids(batch))
         assert producer.join(30)
     assert sorted(i for ids in seen[:10] for i in ids) == sorted(i for ids in seen[10:] for i in ids) == list(

@@ -37,13 +37,32 @@ def _floor() -> str:
     return found.group(1)
 
 
-def _check_torch(floor: str) -> None:
+def _torch_version() -> str:
+    """The torch the build compiles against: this Python's, or that of the
+    Python named by BATCHCAST_TORCH_PYTHON (as CMakeLists.txt's option of that
+    name: one Python's torch for the wheels of every Python)."""
     from importlib.metadata import PackageNotFoundError, version
+
+    other = os.environ.get("BATCHCAST_TORCH_PYTHON")
+    if not other:
+        return version("torch")
+    import subprocess
+
+    probe = subprocess.run(
+        [other, "-c", "from importlib.metadata import version; print(version('torch'))"],
+        capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise PackageNotFoundError(f"torch in BATCHCAST_TORCH_PYTHON={other}: {probe.stderr.strip()}")
+    return probe.stdout.strip()
+
+
+def _check_torch(floor: str) -> None:
+    from importlib.metadata import PackageNotFoundError
 
     from packaging.version import Version
 
     try:
-        installed = Version(version("torch"))
+        installed = Version(_torch_version())
     except PackageNotFoundError:
         raise RuntimeError(
             "torch is not installed in the Python that builds batchcast "

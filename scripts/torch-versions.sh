@@ -101,7 +101,7 @@ one_release() {
   check_torch "pip install torch==$v"
   local t1=$SECONDS
   echo "installing the test dependencies" >"$tmp/why"
-  quiet "$V" -m pip install pytest hypothesis pyzmq
+  quiet "$V" -m pip install -c tests/constraints.txt pytest hypothesis pyzmq
   check_torch "installing pytest, hypothesis, pyzmq"
   local deps_s=$((SECONDS - t1)) t2=$SECONDS
   echo "installing the wheel" >"$tmp/why"

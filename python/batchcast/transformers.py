@@ -43,9 +43,28 @@ import os
 from typing import Any, Mapping
 
 import transformers
+from packaging.version import Version
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .consumer import Consumer
+
+# The oldest transformers the door runs with (pyproject.toml's extra
+# batchcast[transformers]): the first with Trainer.get_resumed_dataloader,
+# which the door overrides so that a resume restores the consumer instead of
+# skipping batches (before it, Trainer skips them itself: a resumed epoch
+# would be replayed from the producer's stream, the wrong samples).
+OLDEST_TRANSFORMERS = "5.25"
+
+
+def _check_transformers(version: str) -> None:
+    if Version(version) < Version(OLDEST_TRANSFORMERS):
+        raise ImportError(
+            f"batchcast.transformers needs transformers {OLDEST_TRANSFORMERS} or newer (its "
+            f"Trainer.get_resumed_dataloader), and transformers {version} is installed: "
+            f"pip install 'batchcast[transformers]' (or 'transformers>={OLDEST_TRANSFORMERS}')")
+
+
+_check_transformers(transformers.__version__)
 
 STATE_FILE = "batchcast_state.json"
 

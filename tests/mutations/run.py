@@ -10,6 +10,13 @@ test must fail. Prints which tests caught which mutant.
     python tests/mutations/run.py --all-tests       # ... against every simulated-device test
     python tests/mutations/run.py --only ready-without-wait --seeds 1,2
     python tests/mutations/run.py --on gpu          # on a GPU machine: the same tests on the GPU
+    python tests/mutations/run.py --share 2/4       # the second quarter of them (CI: a rotating share)
+
+--share K/N takes every N-th mutant from the K-th on (1-based), in the order
+listed here: N runs with K = 1..N cover every mutant once. CI runs one share
+each time, K chosen from the commit count (scripts/long-checks.sh), so a
+mutant whose test stops catching it fails CI within N landings; the whole set
+is run before resolving an issue that touches a mutated file or its tests.
 
 The source is copied to build/mutants/src and built once there (CMake + Ninja,
 no C++ tests); each mutant changes one file, is rebuilt incrementally, staged
@@ -288,12 +295,26 @@ def main() -> int:
                     help="run the tests on the simulated device, or on a real GPU")
     ap.add_argument("--cmake-arg", action="append", default=[],
                     help="an extra CMake argument for the mutants' build (repeatable)")
+    ap.add_argument("--share", metavar="K/N",
+                    help="the K-th of N shares of the mutants (every N-th from the K-th on)")
     ap.add_argument("--work", default=str(ROOT / "build" / "mutants"))
     ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
     args = ap.parse_args()
     work = Path(args.work)
-    src, build, stage = work / "src", work / "build", work / "stage"
+    # The build folder sits in the copy where build/py sits in the tree, and
+    # with the flags scripts/setup.sh gives: with ccache (base_dir the tree),
+    # the unmutated copy's objects are those of the set-up's build, found in
+    # the cache instead of compiled again.
+    src, stage = work / "src", work / "stage"
+    build = src / "build" / "py"
     names = args.only or [n for n in MUTANTS if args.on == "simulated" or not cpp_test(n)]
+    if args.share:
+        found = re.fullmatch(r"(\d+)/(\d+)", args.share)
+        if not found or not 1 <= int(found[1]) <= int(found[2]):
+            ap.error(f"--share {args.share}: give K/N with 1 <= K <= N, e.g. 2/4")
+        k, n = int(found[1]), int(found[2])
+        names = names[k - 1::n]
+        print(f"share {k}/{n}: {len(names)} mutants: {', '.join(names)}")
     programs = sorted({p for p in map(cpp_test, names) if p})  # C++ test programs to build
 
     started = time.monotonic()
@@ -305,9 +326,12 @@ def main() -> int:
             if count != 1:
                 print(f"mutant {name}: its original text occurs {count} times in {rel}; update {__file__}")
                 return 1
+    launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={shutil.which('ccache')}"] if shutil.which("ccache") else []
+    os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
     run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          f"-DPython_EXECUTABLE={sys.executable}", f"-DBATCHCAST_BUILD_TESTS={'ON' if programs else 'OFF'}",
-         "-DBATCHCAST_BUILD_EXAMPLES=OFF", *args.cmake_arg], stdout=subprocess.DEVNULL)
+         "-DBATCHCAST_BUILD_EXAMPLES=OFF", "-DBATCHCAST_WERROR=ON", *launcher, *args.cmake_arg],
+        stdout=subprocess.DEVNULL)
     # The Python package, and the C++ test programs asked for.
     build_targets = ["--target", "_C", "_status", *programs]
     run(["cmake", "--build", str(build), "-j", args.jobs, *build_targets], stdout=subprocess.DEVNULL)

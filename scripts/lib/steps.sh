@@ -4,9 +4,9 @@
 #   step NAME [BUDGET_S]   # ends the step before (its time kept), starts NAME
 #   steps_end              # ends the last step; prints every step's time
 #
-# A step over its budget prints a WARNING naming it (the run goes on): the
-# budgets add up to what the whole run may take, so a step that grows is seen
-# where it grows. On exit (any exit: set -e included) the summary is printed,
+# A step over its budget prints a WARNING naming it (the run goes on), so a
+# step that grows is seen where it grows, before the whole run outgrows CI's
+# time. On exit (any exit: set -e included) the summary is printed,
 # and a failure names the step it happened in.
 step_name=""
 step_started=$SECONDS

@@ -15,6 +15,7 @@
 # is pyenv's X.Y, else pythonX.Y on PATH; a missing one fails, naming it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/pythons.sh
 PY=${PYTHON:-python3}
 torch_version=${BATCHCAST_TORCH:-$($PY -c 'from importlib.metadata import version; print(version("torch").split("+")[0])')}
 if [ $# -gt 0 ]; then
@@ -29,12 +30,7 @@ status=0
 for wheel in "${wheels[@]}"; do
   tag=$(basename "$wheel" | cut -d- -f3)          # cp310
   version="${tag:2:1}.${tag:3}"                    # 3.10
-  interpreter=""
-  if command -v pyenv >/dev/null && prefix=$(pyenv prefix "$version" 2>/dev/null) && [ -x "$prefix/bin/python$version" ]; then
-    interpreter=$prefix/bin/python$version
-  else
-    interpreter=$(command -v "python$version" 2>/dev/null || true)
-  fi
+  interpreter=$(find_python "$version")
   if [ -z "$interpreter" ]; then
     echo "python-versions: FAIL: no CPython $version here for $(basename "$wheel") (pyenv install $version)" >&2
     rows+=("$(printf '%-7s %-8s %s' "$version" "$torch_version" "FAILED: no interpreter")")

@@ -72,24 +72,13 @@ PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 
 # Each Python asked for: its interpreter, this one first (its torch builds them all).
 here_version=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-find_python() {  # find_python X.Y: the interpreter's path, or nothing
-  local v=$1 prefix
-  if [ "$v" = "$here_version" ]; then
-    $PY -c 'import sys; print(sys.executable)'
-    return
-  fi
-  if command -v pyenv >/dev/null && prefix=$(pyenv prefix "$v" 2>/dev/null) && [ -x "$prefix/bin/python$v" ]; then
-    echo "$prefix/bin/python$v"
-    return
-  fi
-  command -v "python$v" 2>/dev/null || true
-}
+source scripts/lib/pythons.sh
 read -ra versions <<<"${BATCHCAST_WHEEL_PYTHONS:-3.10 3.11 3.12 3.13}"
 [[ " ${versions[*]} " == *" $here_version "* ]] ||
   fail "BATCHCAST_WHEEL_PYTHONS (${versions[*]}) leaves out this Python ($here_version), whose torch builds them"
 pythons=("$($PY -c 'import sys; print(sys.executable)')")
 for v in "${versions[@]}"; do
-  [ "$v" = "$here_version" ] && continue
+  [ "$v" = "$here_version" ] && continue  # this one: first, above
   found=$(find_python "$v")
   [ -n "$found" ] || fail "no CPython $v here (pyenv install $v, or python$v on PATH), and a wheel for it is asked for (BATCHCAST_WHEEL_PYTHONS)"
   "$found" -c 'import sysconfig, os, sys; h = sysconfig.get_paths()["include"]; sys.exit(not os.path.isfile(os.path.join(h, "Python.h")))' ||

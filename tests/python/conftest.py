@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -29,15 +35,113 @@ def name():
     return "t-" + uuid.uuid4().hex[:10]
 
 
+class Launched:
+    """A worker that launcher.py forked: what the tests use of subprocess.Popen
+    (pid, args, returncode, poll, wait, send_signal, terminate, kill). Its end
+    arrives as a line on its connection to the launcher, so wait() waits for
+    that event, never for time."""
+
+    def __init__(self, args: list[str], request: dict):
+        self.args = args
+        self.returncode: int | None = None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(_launcher())
+        self._conn.sendall(json.dumps(request).encode() + b"\n")
+        self._buffer = b""
+        self.pid: int = json.loads(self._line(None))["pid"]
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        """The launcher's next line; None if none came within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._conn], [], [], left)[0]:
+                return None
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise AssertionError(f"the launcher lost worker {self.args[1:]}")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _read_end(self, timeout: float | None) -> None:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is not None:
+                self.returncode = json.loads(line)["returncode"]
+                self._conn.close()
+
+    def poll(self) -> int | None:
+        self._read_end(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._read_end(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_launcher_state: dict = {}
+
+
+def launch(argv: list[str], stdout: Path, stderr: Path, cwd: Path | None = None,
+           env: dict[str, str] | None = None) -> Launched:
+    """Starts `python ARGV...` (a script and its arguments, or "-m", a module
+    and its arguments) as a fork of the launcher, with stdout and stderr in
+    files, in `cwd` (default: this one) and with this environment plus `env`.
+    Returns a Launched (subprocess.Popen's interface) whose args are the
+    command line a fresh interpreter would have had."""
+    return Launched([sys.executable, *map(str, argv)],
+                    {"argv": list(map(str, argv)), "env": {**os.environ, **(env or {})},
+                     "cwd": str(cwd or os.getcwd()), "stdout": str(stdout), "stderr": str(stderr)})
+
+
+def _launcher() -> str:
+    """The socket of this test run's launcher (started on first use)."""
+    if "path" not in _launcher_state:
+        d = tempfile.mkdtemp(prefix="batchcast-launcher-")
+        path = os.path.join(d, "socket")
+        proc = subprocess.Popen([sys.executable, str(HERE / "launcher.py"), path],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"the tests' launcher did not start (exit {proc.wait()})")
+        _launcher_state.update(path=path, proc=proc, dir=d)
+    return _launcher_state["path"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc = _launcher_state.get("proc")
+    if proc is not None:
+        proc.stdin.close()
+        proc.wait()
+        proc.stdout.close()
+        shutil.rmtree(_launcher_state["dir"], ignore_errors=True)
+
+
 class Procs:
     """Starts worker processes; kills any left running when the test ends.
 
     Each child writes its stdout and stderr to files (never pipes, which a
-    chatty child could fill and block on); read them with out() and err()."""
+    chatty child could fill and block on); read them with out() and err().
+    Workers are forked from launcher.py's interpreter, which has torch
+    imported already; a test marked `fresh_interpreters` gets new ones."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, fresh: bool = False):
         self.tmp = tmp_path
-        self.procs: list[subprocess.Popen] = []
+        self.fresh = fresh
+        self.procs: list[subprocess.Popen | Launched] = []
         self._files: dict[int, tuple[Path, Path]] = {}
 
     def start(self, role: str, name: str, *flags, out: str | None = None, script: str = "workers.py",
@@ -49,9 +153,12 @@ class Procs:
             cmd += ["--out", str(self.tmp / out)]
         k = len(self._files)
         paths = (self.tmp / f"{role}{k}.stdout", self.tmp / f"{role}{k}.stderr")
-        with open(paths[0], "w") as stdout, open(paths[1], "w") as stderr:
-            p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True,
-                                 env={**os.environ, **env} if env else None)
+        if self.fresh:
+            with open(paths[0], "w") as stdout, open(paths[1], "w") as stderr:
+                p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True,
+                                     env={**os.environ, **env} if env else None)
+        else:
+            p = launch(cmd[1:], paths[0], paths[1], env=env)
         self._files[p.pid] = paths
         self.procs.append(p)
         return p
@@ -77,14 +184,20 @@ class Procs:
 
     def kill_all(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            try:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            except AssertionError:  # the launcher lost it: it may still run
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 @pytest.fixture
-def procs(tmp_path, runtime_dir):
-    p = Procs(tmp_path)
+def procs(request, tmp_path, runtime_dir):
+    p = Procs(tmp_path, fresh=request.node.get_closest_marker("fresh_interpreters") is not None)
     yield p
     p.kill_all()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import eventually
+from conftest import eventually, launch
 
 LOADERS = textwrap.dedent("""
     import torch
@@ -98,10 +98,12 @@ class Cli:
     def start(self, *args: str, stderr=None) -> subprocess.Popen:
         k = len(self.procs)
         paths = (self.tmp / f"cli{k}.stdout", self.tmp / f"cli{k}.stderr")
-        with open(paths[0], "w") as out, open(paths[1], "w") as err:
-            p = subprocess.Popen([sys.executable, "-m", "batchcast", *args], cwd=self.tmp,
-                                 stdout=out, stderr=err if stderr is None else stderr,
-                                 stdin=subprocess.DEVNULL, text=True)
+        if stderr is None:
+            p = launch(["-m", "batchcast", *args], paths[0], paths[1], cwd=self.tmp)
+        else:  # a terminal, say: a new interpreter, so that stderr is that file
+            with open(paths[0], "w") as out:
+                p = subprocess.Popen([sys.executable, "-m", "batchcast", *args], cwd=self.tmp,
+                                     stdout=out, stderr=stderr, stdin=subprocess.DEVNULL, text=True)
         self.procs.append(p)
         self.files[p.pid] = paths
         return p

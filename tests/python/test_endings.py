@@ -25,6 +25,10 @@ from conftest import eventually, shm_entries
 
 from batchcast.status import list_producers
 
+# How interpreters start, fork and end is what these tests are about: each
+# worker is a new interpreter, not a fork of the launcher (conftest.py).
+pytestmark = pytest.mark.fresh_interpreters
+
 SAMPLES, EPOCHS = 600, 3
 EXIT_BOUND = 10.0  # seconds from "ending" to the process gone (normally a fraction of one)
 

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import batchcast as bc
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -41,9 +42,13 @@ NOTEBOOK_SAMPLES = 512
 def run_script(tmp_path: Path, args: list[str], timeout: float = 600) -> str:
     """Runs a Python example to completion; stdout and stderr go to files."""
     out, err = tmp_path / "script.stdout", tmp_path / "script.stderr"
-    with open(out, "w") as o, open(err, "w") as e:
-        proc = subprocess.run([sys.executable, *args], stdout=o, stderr=e, cwd=tmp_path,
-                              timeout=timeout)
+    proc = launch(args, out, err, cwd=tmp_path)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{args} still ran after {timeout} s:\n{out.read_text()}\n{err.read_text()}")
     assert proc.returncode == 0, (f"{args} exited {proc.returncode}:\n"
                                   f"{out.read_text()}\n{err.read_text()}")
     return out.read_text()

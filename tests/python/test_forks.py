@@ -23,6 +23,10 @@ from conftest import eventually
 
 from batchcast.status import list_producers
 
+# How interpreters start, fork and end is what these tests are about: each
+# worker is a new interpreter, not a fork of the launcher (conftest.py).
+pytestmark = pytest.mark.fresh_interpreters
+
 BOUND = 120  # seconds: a run that takes longer hangs
 
 

@@ -108,8 +108,12 @@ def test_a_rank_whose_group_is_not_complete_waits_and_the_others_are_served(proc
     # The whole-stream consumer holds its third batch until rank 1 has joined:
     # the producer cannot run out of epochs before the group is complete,
     # however slowly rank 1 starts.
+    # It joins first, so that the producer starts with it (rank 0, alone,
+    # would start the producer too, and solo would then miss epochs).
     solo = procs.start("consume", name, "--batch-size", 8, "--epochs", 8, "--sleep", "0.05",
-                       "--hold-at", 3, "--until", str(procs.tmp / "r1"), out="solo.json")
+                       "--hold-at", 3, "--until", str(procs.tmp / "r1"),
+                       "--ready", str(procs.tmp / "solo"), out="solo.json")
+    eventually((procs.tmp / "solo").exists, "the whole-stream consumer to join", 60, watch=(solo,))
     r0 = procs.start("consume", name, "--batch-size", 4, "--epochs", 1, "--group", "late",
                      "--rank", 0, "--world", 2, "--ready", str(procs.tmp / "r0"), out="r0.json")
     eventually((procs.tmp / "r0").exists, "rank 0 to join", 60, watch=(solo, r0))

@@ -33,7 +33,7 @@ pin=$(mktemp)
 trap 'rm -f "$pin"' EXIT
 echo "torch==$($PY -c 'from importlib.metadata import version; print(version("torch"))')" >"$pin"
 PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints.txt \
-  scikit-build-core ninja pytest hypothesis numpy pyzmq click rich
+  scikit-build-core ninja pytest pytest-xdist hypothesis numpy pyzmq click rich
 
 echo "== building batchcast against torch $($PY -c 'import torch; print(torch.__version__)')"
 # --no-build-isolation: build against the torch installed here, never a downloaded one.

@@ -43,4 +43,11 @@ step "Python tests" 1440
 # new one each run (a failing test's name shows its seed).
 export BATCHCAST_SIMULATED_SEEDS=${BATCHCAST_SIMULATED_SEEDS:-1,2,$((RANDOM + 3))}
 echo "   simulated-device seeds: $BATCHCAST_SIMULATED_SEEDS"
-$PY -m pytest -q -p no:cacheprovider --durations=25 tests/python "$@"
+# Two test processes (pytest-xdist; BATCHCAST_TEST_WORKERS sets how many, 0:
+# one): a test spends much of its time waiting for its producers and
+# consumers, which start as forks of tests/python/launcher.py, not as new
+# interpreters that each import torch.
+workers=${BATCHCAST_TEST_WORKERS:-2}
+xdist=()
+[ "$workers" = 0 ] || xdist=(-n "$workers")
+$PY -m pytest -q -p no:cacheprovider "${xdist[@]}" --durations=25 tests/python "$@"

@@ -17,7 +17,7 @@ trap steps_finish EXIT
 PY=${PYTHON:-python3}
 
 # Each step's budget (seconds) is what it took on a 2-CPU machine from a fresh
-# clone, with some room (2026-12-07: 281, 7, 9 and 1,319 s): a step over it
+# clone, with some room (2026-12-07: 289, 9, 10 and 760 s): a step over it
 # prints a WARNING in the summary.
 step "Set-up: apt and pip packages, batchcast built into $PY" 420
 # batchcast's own code builds without a warning (-Wall -Wextra) or not at all.
@@ -37,7 +37,7 @@ rm -f "$pin"
 step "C++ tests (build/py)" 60
 ctest --test-dir build/py --output-on-failure
 
-step "Python tests" 1440
+step "Python tests" 960
 # `import batchcast` is the build just installed (python/ is not on sys.path).
 # The GPU ring's rules run on the simulated device with two fixed seeds and a
 # new one each run (a failing test's name shows its seed).

@@ -124,8 +124,11 @@ def _launcher() -> str:
 def pytest_sessionfinish(session, exitstatus):
     proc = _launcher_state.get("proc")
     if proc is not None:
-        proc.stdin.close()
+        # Ended, not asked to end: a child a test forked may still hold
+        # the write end of its stdin (which ends it when pytest dies).
+        proc.kill()
         proc.wait()
+        proc.stdin.close()
         proc.stdout.close()
         shutil.rmtree(_launcher_state["dir"], ignore_errors=True)
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ProducerLost,
         RebatchError,
         Refused,
+        Stalled,
     )
     from ._in_ring import collate
     from ._transform import TransformError
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 # that the command line answers at once: `bc.Producer`, `from batchcast import
 # Consumer` and the exceptions work as plain attributes.
 _FROM_CORE = ("PROTOCOL_VERSION", "CudaError", "EpochsExhausted", "Error", "Evicted", "GroupError", "LoaderError",
-              "NameInUse", "ProducerLost", "RebatchError", "Refused")
+              "NameInUse", "ProducerLost", "RebatchError", "Refused", "Stalled")
 _FROM_MODULE = {"Consumer": ".consumer", "Producer": ".producer", "collate": "._in_ring",
                 "TransformError": "._transform"}
 
@@ -115,6 +116,7 @@ __all__ = [
     "RebatchError",
     "Refused",
     "ResumeWarning",
+    "Stalled",
     "TransformError",
     "collate",
     "cuda_available",

@@ -19,21 +19,34 @@ with a WARNING naming the leaf: the producer serves from the loader again.
 Where it lives: ``memory`` (the producer's own memory, bounded) or ``disk``
 (one file per producer name, mapped; a complete file is where the next
 producer of that name starts, when it was made for the same data). The
-file: 8 bytes of magic, a little-endian u64 header length, the header (JSON:
-the key, each leaf's dtype, row shape and offset, the layout, where the
-per-sample lists are), then the rows of each tensor leaf, the bitmap of
-samples kept, and the lists (JSON). It is written under a temporary name and
-renamed once complete.
+file: 8 bytes of magic, a little-endian u32 header length and the header's
+CRC-32, the header (JSON: the key, each leaf's dtype, row shape and offset,
+the layout, where the per-sample lists and the checksums are), then the
+rows of each tensor leaf, the bitmap of samples kept, the lists (JSON), and
+a CRC-32 of every 64 KiB block of those. It is written under a temporary
+name and renamed once complete.
+
+A file is checked, not trusted: a producer that starts from one verifies
+every block first (zlib's CRC-32, about 1 GB/s here: 0.2 s for 192 MiB). A
+block that does not match is a WARNING naming the file and the samples
+whose rows it holds; those samples are decoded again through the dataset,
+written back with the block's new checksum, and only then served. Damage
+outside the rows (the bitmap, the lists, the header) makes the file again
+from the loader. A file made for data that has changed since (its samples
+re-made at an epoch's start differ from the kept ones) is made again from
+that epoch, not turned off.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import random
 import shutil
 import struct
+import zlib
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
@@ -47,13 +60,19 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("batchcast")
 
-MAGIC = b"BCCACHE1"
-FORMAT = 1
+MAGIC = b"BCCACHE2"
+FORMAT = 2
 _ALIGN = 4096
+BLOCK = 1 << 16  # bytes per checksum
 
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _block_sums(data: memoryview, start: int, end: int) -> list[int]:
+    """The CRC-32 of each BLOCK of data[start:end] (the last one shorter)."""
+    return [zlib.crc32(data[at:min(at + BLOCK, end)]) for at in range(start, end, BLOCK)]
 
 
 def _gib(n: int) -> str:
@@ -280,6 +299,21 @@ class DecodedCache:
         _log.warning("producer '%s': its decoded cache is off, because %s; it serves every epoch from its "
                      "loader", self.name, why)
 
+    def _again(self, why: str) -> None:
+        """A file an earlier producer made no longer matches the data: makes
+        the cache again from this epoch's loader batches (then checked as
+        any cache is, so data that changes every epoch turns it off)."""
+        _log.warning("producer '%s': its decoded cache file is not used, because %s; this epoch is served "
+                     "from the loader and kept, and its file made again", self.name, why)
+        self.state = "building"
+        self.kept = []
+        self._file = None
+        self.recorded = torch.zeros(self.size, dtype=torch.bool)
+        self.bytes = 0
+        self.warm = False
+        self.layout = ""
+        self.tree = None
+
     def close(self) -> None:
         """Lets go of what it keeps; a file never finished (its first epoch
         did not end) goes."""
@@ -385,6 +419,11 @@ class DecodedCache:
                     now.contiguous().view(torch.uint8), then.contiguous().view(torch.uint8))
             else:
                 same = now == then
+            if not same and self.warm:
+                self._again(f"samples {chosen} re-made for epoch {epoch} differ from the ones its file "
+                            f"{self.path} keeps at {kept.path} (made by an earlier producer: the data "
+                            "changed since?)")
+                return False
             if not same:
                 self.off(f"samples {chosen} re-made for epoch {epoch} differ from the ones kept at "
                          f"{kept.path}: its loader's samples change from epoch to epoch (a random "
@@ -407,12 +446,19 @@ class DecodedCache:
         try:
             with open(path, "rb") as f:
                 head = f.read(16)
+                if len(head) == 16 and head[:7] == MAGIC[:7] and head[:8] != MAGIC:
+                    _log.info("producer '%s': the cache file %s is of an older format: it is made again",
+                              self.name, path)
+                    return
                 if len(head) < 16 or head[:8] != MAGIC:
                     raise ValueError("it is not a batchcast cache file")
-                (length,) = struct.unpack("<Q", head[8:])
-                if length > 1 << 26:
+                length, crc = struct.unpack("<II", head[8:])
+                if length > _ALIGN - 16:
                     raise ValueError("its header is too long")
-                header = json.loads(f.read(length))
+                text = f.read(length)
+                if zlib.crc32(text) != crc:
+                    raise ValueError("its header does not match its checksum (the file is damaged)")
+                header = json.loads(text)
             key = {k: header.get(k) for k in self._header_key()}
             if key != self._header_key():
                 _log.info("producer '%s': the cache file %s was made for other data (%s; now %s): it is made "
@@ -421,6 +467,7 @@ class DecodedCache:
             size = os.path.getsize(path)
             if size != header["file_bytes"]:
                 raise ValueError(f"it has {size} bytes, not {header['file_bytes']} (truncated?)")
+            damaged = self._damaged_blocks(path, header)
             mapping = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
             kept: list[_Kept] = []
             lists = json.loads(bytes(mapping[header["lists_at"]:header["lists_at"] + header["lists_bytes"]]
@@ -439,6 +486,8 @@ class DecodedCache:
                         raise ValueError(f"its list at {spec['path']} has {len(items)} items")
                     kept.append(_Kept(spec["path"], kind=getattr(_C.ListKind, spec["kind"]), items=items))
             recorded = mapping[header["bitmap_at"]:header["bitmap_at"] + self.size].view(torch.bool).clone()
+            if damaged:
+                self._repair(path, header, damaged, kept, recorded, mapping)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             _log.warning("producer '%s': the cache file %s cannot be used (%s): it is made again from the "
                          "loader", self.name, path, exc)
@@ -459,6 +508,74 @@ class DecodedCache:
         self.bytes = header["lists_at"] - _ALIGN  # (as a memory cache counts: the rows and the bitmap)
         self.state = "ready"
         self.warm = True
+
+    def _damaged_blocks(self, path: str, header: dict[str, Any]) -> list[int]:
+        """The blocks of the file whose bytes do not match their checksums."""
+        block, sums_at = int(header["block_bytes"]), int(header["sums_at"])
+        if block != BLOCK:
+            raise ValueError(f"its checksums are of {block}-byte blocks, not {BLOCK}")
+        count = (sums_at - _ALIGN + BLOCK - 1) // BLOCK
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m, \
+                memoryview(m) as view:
+            now = _block_sums(view, _ALIGN, sums_at)
+            then = struct.unpack(f"<{count}I", view[sums_at:sums_at + 4 * count])
+        return [k for k, (a, b) in enumerate(zip(now, then)) if a != b]
+
+    def _repair(self, path: str, header: dict[str, Any], damaged: list[int], kept: list[_Kept],
+                recorded: torch.Tensor, mapping: torch.Tensor) -> None:
+        """Decodes again the samples whose rows lie in damaged blocks, puts
+        them in place (in `mapping`, then in the file) with the blocks' new
+        checksums; raises ValueError where a damaged block holds anything
+        else (the bitmap, the lists), which cannot be made again by sample."""
+        spans = [(k, _ALIGN + k * BLOCK, min(_ALIGN + (k + 1) * BLOCK, int(header["sums_at"])))
+                 for k in damaged]
+        samples: set[int] = set()
+        for _, lo, hi in spans:
+            if hi > header["bitmap_at"]:
+                raise ValueError(f"its bytes {lo}-{hi - 1} do not match their checksum, and they hold the "
+                                 "bitmap of samples kept or the lists, not rows")
+            for spec, leaf in zip(header["leaves"], kept):
+                if leaf.rows is None:
+                    continue
+                at = int(spec["at"])
+                row_bytes = leaf.rows[:1].numel() * leaf.rows.element_size()
+                end = at + self.size * row_bytes
+                if row_bytes and lo < end and hi > at:
+                    first = (max(lo, at) - at) // row_bytes
+                    last = (min(hi, end) - 1 - at) // row_bytes
+                    samples.update(range(first, last + 1))
+        redo = sorted(i for i in samples if bool(recorded[i]))
+        shown = ", ".join(map(str, redo[:20])) + (f" and {len(redo) - 20} more" if len(redo) > 20 else "")
+        _log.warning("producer '%s': the cache file %s is damaged: %d block(s) of %d bytes do not match their "
+                     "checksums (bytes %s); the samples whose rows they hold (%d: %s) are decoded again "
+                     "and written back, and nothing damaged is served", self.name, path, len(damaged),
+                     BLOCK, ", ".join(f"{lo}-{hi - 1}" for _, lo, hi in spans[:8])
+                     + (" ..." if len(spans) > 8 else ""), len(redo), shown or "none")
+        if redo:
+            tree = tree_of(header["layout"])
+            leaves, layout, _, _ = flatten_after(self._remake(redo), tree)
+            if layout != header["layout"]:
+                raise ValueError(f"samples {shown} decoded again have another structure than the ones kept")
+            where = torch.tensor(redo, dtype=torch.long)
+            for leaf, now in zip(kept, leaves):
+                if leaf.rows is not None:
+                    if not isinstance(now, torch.Tensor) or now.dtype != leaf.rows.dtype \
+                            or tuple(now.shape[1:]) != tuple(leaf.rows.shape[1:]):
+                        raise ValueError(f"samples {shown} decoded again differ in shape or dtype at "
+                                         f"{leaf.path}")
+                    leaf.rows.index_copy_(0, where, now)
+        # The repaired blocks, and their checksums, back into the file (the
+        # mapping is private: it holds them in memory until then).
+        data = mapping.numpy()
+        with open(path, "r+b") as f:
+            for k, lo, hi in spans:
+                block = data[lo:hi].tobytes()
+                f.seek(lo)
+                f.write(block)
+                f.seek(int(header["sums_at"]) + 4 * k)
+                f.write(struct.pack("<I", zlib.crc32(block)))
+            f.flush()
+            os.fsync(f.fileno())
 
     def _create_file(self, paths: list[str], rows: list[tuple[str, torch.dtype, tuple[int, ...]] | None],
                      leaves: Sequence[Leaf], total: int) -> list[_Kept] | None:
@@ -516,18 +633,24 @@ class DecodedCache:
         self._file[self._bitmap_at:self._bitmap_at + self.size].copy_(self.recorded.view(torch.uint8))
         blob = json.dumps(lists).encode() if lists else b""
         lists_at = _ALIGN + self.bytes
-        header = {**self._header_key(), "leaves": self._specs, "layout": self.layout,
-                  "bitmap_at": self._bitmap_at, "lists_at": lists_at, "lists_bytes": len(blob),
-                  "file_bytes": lists_at + len(blob)}
-        head = json.dumps(header).encode()
-        if 16 + len(head) > _ALIGN:
-            raise OSError("the cache's header does not fit its page")
+        sums_at = lists_at + len(blob)
         with open(partial, "r+b") as f:
             f.seek(lists_at)
             f.write(blob)
-            f.truncate(lists_at + len(blob))
+            f.truncate(sums_at)
+            f.flush()
+            with mmap.mmap(f.fileno(), sums_at, prot=mmap.PROT_READ) as m, memoryview(m) as view:
+                sums = _block_sums(view, _ALIGN, sums_at)
+            f.seek(sums_at)
+            f.write(struct.pack(f"<{len(sums)}I", *sums))
+            header = {**self._header_key(), "leaves": self._specs, "layout": self.layout,
+                      "bitmap_at": self._bitmap_at, "lists_at": lists_at, "lists_bytes": len(blob),
+                      "block_bytes": BLOCK, "sums_at": sums_at, "file_bytes": sums_at + 4 * len(sums)}
+            head = json.dumps(header).encode()
+            if 16 + len(head) > _ALIGN:
+                raise OSError("the cache's header does not fit its page")
             f.seek(0)
-            f.write(MAGIC + struct.pack("<Q", len(head)) + head)
+            f.write(MAGIC + struct.pack("<II", len(head), zlib.crc32(head)) + head)
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, self.path)

@@ -6,6 +6,8 @@ the call that was running, never from a background thread."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 
 logger = logging.getLogger("batchcast")
@@ -39,11 +41,21 @@ _CATEGORIES = {"KeptBatches": KeptBatchesWarning, "Linger": LingerWarning,
 _DEBUG, _INFO, _NOTICE, _WARNING = 0, 1, 2, 3
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _users_level() -> int:
+    """warnings.warn's stacklevel, from handle(), of the first frame that is
+    not batchcast's own: the user's line that called into batchcast."""
+    level, frame = 1, sys._getframe(1)  # (handle's frame)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def handle(level: int, kind: str, message: str) -> None:
     if level == _WARNING:
-        # stacklevel 3: past this handler and the batchcast frame that called
-        # into the core, at the user's code.
-        warnings.warn(message, _CATEGORIES.get(kind, BatchcastWarning), stacklevel=3)
+        warnings.warn(message, _CATEGORIES.get(kind, BatchcastWarning), stacklevel=_users_level())
     elif level == _NOTICE:
         logger.warning(message)
     elif level == _INFO:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from ._core import _C
 from ._structure import unflatten
@@ -15,6 +15,8 @@ from ._loader_like import EpochBatches, EpochSamples, WithIndices
 from ._transform import Taken, Transform, default_threads
 from .options import Augment, Group, Join, Pad, Placement, takes_generator
 
+
+_T = TypeVar("_T")
 
 
 def _name_the_line_that_writes() -> None:
@@ -49,6 +51,52 @@ def _transform_of(augment: Augment, name: str) -> Transform:
     if threads is None:
         threads = default_threads() if takes_generator(augment.fn) else 0
     return Transform(augment.fn, seed, threads, name)
+
+
+def _producer_story(name: str, runtime_dir: str) -> str:
+    """What producer `name` is doing, asked over its socket, for a
+    ``Stalled`` error: what it waits for, since when, its loader's workers,
+    and what to do."""
+    from .status import list_producers
+
+    listing: list[dict[str, Any]] = []
+    failure: Exception | None = None
+    try:
+        listing = list_producers(name, runtime_dir=runtime_dir or None, timeout=1.0, clean=False)
+    except Exception as exc:  # noqa: BLE001 (the story is told with what there is)
+        failure = exc
+    status = listing[0]["status"] if listing else None
+    look = f"`batchcast status {name}` shows the producer"
+    if status is None:
+        why = f" ({failure})" if failure is not None else (f" ({listing[0]['note']})" if listing and
+                                                             listing[0].get("note") else "")
+        return (f"The producer did not answer a status request within 1 s{why}: it may be hung or gone. "
+                f"Look at its process; {look}.")
+    waiting, seconds = status.get("waiting_for") or "", float(status.get("waiting_seconds") or 0)
+    epoch, batches = status.get("epoch"), status.get("epoch_batches")
+    pid = status.get("pid")
+    if waiting == "loader":
+        workers = [int(p) for p in status.get("loader_workers") or []]
+        if workers:
+            who = (f"its loader's worker processes alive: {', '.join(map(str, workers))} "
+                   f"(`py-spy dump --pid {workers[0]}` shows where one is)")
+        else:
+            who = (f"no worker process of its loader is alive: it loads in the producer's process "
+                   f"(`py-spy dump --pid {pid}` shows where)")
+        return (f"The producer (pid {pid}) has waited {seconds:.1f} s for its loader's next batch "
+                f"(epoch {epoch}, after {batches} batches of it); {who}. A worker may be stuck on a file "
+                f"system, a lock or a remote read: fix the loader, or raise stall_timeout if its batches "
+                f"are this slow; {look}.")
+    if waiting == "consumers":
+        stuck = status.get("stuck") or ""
+        return (f"The producer (pid {pid}) has waited {seconds:.1f} s for ring space that other consumers "
+                f"hold{': ' + stuck if stuck else ''}; every trainer of it waits for the slowest (its "
+                f"straggler_timeout evicts one). {look}.")
+    if waiting == "joins":
+        return (f"The producer (pid {pid}) waits for {status.get('consumers_wanted')} more consumers before "
+                f"it begins (min_consumers). Start them, or lower min_consumers; {look}.")
+    return (f"The producer (pid {pid}) waits for nothing now (epoch {epoch}, {batches} batches of it "
+            f"published): batches may just have resumed; {look}.")
 
 
 class Consumer:
@@ -134,6 +182,16 @@ class Consumer:
     knows it, else its position in the producer's epoch;
     ``stats()["sample_identity"]`` says which).
 
+    ``stall_timeout`` (seconds; default: none) is how long ``next()`` waits
+    for its next batch with no sample from the producer meanwhile before it
+    raises ``batchcast.Stalled``, which says how long it waited, what the
+    producer was doing (waiting for its loader, for how long, its worker
+    processes) and what to do: a hung loader then ends a trial with an error
+    instead of a silent wait. The epoch's iterator ends with the error (as a
+    DataLoader's does past its ``timeout``); ``state_dict()`` still says
+    exactly where the consumer stands. Set it well above the slowest normal wait (an epoch's first batch, the
+    other trainers' pace when the producer waits for ring space).
+
     ``state_dict()`` is where the consumer stands (epoch, and position in the
     producer's stream), as torchdata's ``StatefulDataLoader`` has it;
     ``Consumer(..., state=saved)`` or ``load_state_dict(saved)`` continues from
@@ -160,12 +218,18 @@ class Consumer:
         pad: float | Mapping[Any, float] | Pad | None = None,
         group: str | Group | None = None,
         join: str | Join = "now",
+        stall_timeout: float | None = None,
     ) -> None:
         self._pid = os.getpid()  # a forked child's copy of this consumer is not usable
         self._core: _C.Consumer | None = None
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or not 0 < batch_size < 2**63):
             raise ValueError(f"batch_size must be a positive int (or None), not {batch_size!r}")
+        if stall_timeout is not None and (isinstance(stall_timeout, bool)
+                                          or not isinstance(stall_timeout, (int, float))
+                                          or not 0 < stall_timeout <= 1e9):
+            raise ValueError(f"stall_timeout must be a positive number of seconds (or None: wait for ever), "
+                             f"not {stall_timeout!r}")
         joining, placement, padding = Join.of(join), Placement.of(device), Pad.of(pad)
         ranks, augment = Group.of(group), Augment.of(transform)
         if ranks is not None and batch_size is None:
@@ -192,20 +256,24 @@ class Consumer:
         # option object says what it means to the core.
         self._options: dict[str, Any] = dict(
             name=name, batch_size=batch_size, drop_last=self.drop_last, timeout=float(timeout),
+            stall_timeout=float(stall_timeout or 0),
             **joining._core(), **placement._core(),
             **({} if ranks is None else ranks._core()),
             **({} if padding is None else padding._core()))
         _name_the_line_that_writes()
         self._stats: dict[str, Any] | None = None
-        # This thread runs its own code (a fork waits for it: _forks) from
-        # before the producer can know of this consumer.
-        self._turn = _forks.Turn()
-        self._turn.begin()
+        # The fork guard's turn (_forks): connecting, this thread waits inside
+        # the consumer (a producer of this process may fork its workers
+        # meanwhile; one that answers joins between its forks must not wait
+        # for it); from the constructor's return it runs its own code, and a
+        # fork waits for it to come back for a batch.
+        self._turn = _forks.Turn(f"the consumer of '{name}'")
         try:
             self._connect(state)
         except BaseException:
-            self._turn.end()
+            self._turn.close()
             raise
+        self._turn.resume()
 
     def _connect(self, state: dict[str, Any] | None) -> None:
         self._core = self._open(state)
@@ -272,8 +340,12 @@ class Consumer:
         self._check_state(state)
         self._drop_ahead()
         core, self._core = self._live(), None
-        core.close()
-        self._connect(state)
+        self._turn.wait()  # (rejoining: inside the consumer, as connecting is)
+        try:
+            core.close()
+            self._connect(state)
+        finally:
+            self._resume_turn()
 
     def __iter__(self) -> Iterator[Any]:
         return self._iterate(indices=False)
@@ -288,7 +360,11 @@ class Consumer:
     def _iterate(self, indices: bool) -> Iterator[Any]:
         core = self._live()
         self._drop_ahead()
-        epoch = core.begin_epoch()
+        self._turn.wait()  # (a group's rank waits here for its group)
+        try:
+            epoch = core.begin_epoch()
+        finally:
+            self._resume_turn()
         if self._epoch_zero is None:
             self._epoch_zero = epoch - self._resumed_number
         if self._transform is None and not indices:
@@ -301,15 +377,15 @@ class Consumer:
     # batch (_forks.Turn: a DataLoader worker forked meanwhile could copy a
     # torch lock held).
     def _resume_turn(self) -> None:
-        self._turn.begin()
+        self._turn.resume()
         if self._core is None:  # closed meanwhile (close() ends the turn after it lets go)
-            self._turn.end()
+            self._turn.close()
 
     def _epoch(self, core: _C.Consumer) -> Iterator[Any]:
         while True:
-            self._turn.end()
+            self._turn.wait()
             try:
-                item = core.next()
+                item = self._told(core.next)
             finally:
                 self._resume_turn()
             if item is None:
@@ -324,7 +400,7 @@ class Consumer:
         work = self._transform
         batches = iter(self._untransformed(take) if work is None else work.epoch(take, number))
         while True:
-            self._turn.end()
+            self._turn.wait()
             try:
                 got = next(batches, None)
             finally:
@@ -343,11 +419,20 @@ class Consumer:
         """The next batch from the core, with its samples' identities and
         where the consumer then stands."""
         with self._core_lock:
-            item = core.next(indices=True)
+            item = self._told(lambda: core.next(indices=True))
             if item is None:
                 return None
             layout, leaves, samples, ids, indexed = item
             return Taken(layout, leaves, samples, ids, indexed, core.position())
+
+    def _told(self, fetch: Callable[[], _T]) -> _T:
+        """`fetch()` (the core's next()); a ``Stalled`` from it is told with
+        what the producer was doing then."""
+        try:
+            return fetch()
+        except _C.Stalled as exc:
+            story = _producer_story(self.name, self._options["runtime_dir"])
+            raise _C.Stalled(f"{exc}. {story}") from None
 
     def _drop_ahead(self) -> None:
         """Discards a batch fetched ahead (the epoch was left, or the
@@ -423,13 +508,13 @@ class Consumer:
             # them is waited for, closed or given back here.
             self._core = self._transform = None
             if turn is not None:
-                turn.end()
+                turn.close()
             return
         if self._transform is not None:
             self._transform.close()  # what is ahead dropped, its threads ended
         core, self._core = self._core, None
         if turn is not None:
-            turn.end()
+            turn.close()
         if core is not None:
             self._stats = core.stats()
             core.close()

@@ -147,14 +147,30 @@ MUTANTS = {
     ),
     "fork-ignores-a-trainers-turn": (
         "python/batchcast/consumer.py",
-        [("        self._turn.begin()\n        try:\n            self._connect(state)",
-          "        try:\n            self._connect(state)"),
-         ("    def _resume_turn(self) -> None:\n        self._turn.begin()\n",
+        [("            raise\n        self._turn.resume()\n", "            raise\n"),
+         ("    def _resume_turn(self) -> None:\n        self._turn.resume()\n",
           "    def _resume_turn(self) -> None:\n        pass\n")],
         "a fork of a trainer's process does not wait for the thread that iterates a consumer: a loader "
         "worker forked while the trainer builds its model or steps copies a torch lock held and hangs",
         "no_trainer_thread or first_workers",
         "test_forks.py",
+    ),
+    "fork-guard-counts-consumers-not-threads": (
+        "python/batchcast/_forks.py",
+        [("        own_code = bool(self.turns) and self.waiting == 0\n",
+          "        own_code = len(self.turns) > self.waiting\n")],
+        "the fork guard counts a thread's idle consumers as its own code while it waits inside another "
+        "(a notebook's train and validation pair): every fork of the producer's loader waits FORK_WAIT",
+        "notebook_with and zip",
+        "test_forks.py",
+    ),
+    "cache-trusts-a-damaged-file": (
+        "python/batchcast/_cache.py",
+        [("            if damaged:\n                self._repair(", "            if False:\n                self._repair(")],
+        "a disk cache file whose blocks do not match their checksums is served as it is: flipped bytes "
+        "reach the trainers as samples",
+        "damaged_disk_cache",
+        "test_cache.py",
     ),
     "cache-gathers-the-wrong-row": (
         "python/batchcast/_cache.py",
@@ -263,7 +279,7 @@ def python_tests(name: str, targets: str, tests: str | None, src: Path, stage: P
         shutil.rmtree(stage)
     shutil.copytree(src / "python" / "batchcast", stage / "batchcast",
                     ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
-    for so in build.glob("_C*.so"):
+    for so in [*build.glob("_C*.so"), *build.glob("_status*.so")]:  # every compiled module of the package
         shutil.copy2(so, stage / "batchcast")
     report = work / f"{name}.xml"
     where = "simulated" if args.on == "simulated" else "hardware"  # the runs' ids
@@ -280,6 +296,12 @@ def python_tests(name: str, targets: str, tests: str | None, src: Path, stage: P
     failed = []
     if report.exists():
         for case in ET.parse(report).getroot().iter("testcase"):
+            for child in case:
+                # A test module that cannot even be imported proves nothing
+                # about the mutant: the harness is broken, which is an error.
+                if child.tag == "error" and (child.get("message") or "").startswith("collection failure"):
+                    raise SystemExit(f"mutant {name}: {file} could not be collected, so nothing was tested:\n"
+                                     f"{child.text}")
             if any(child.tag in ("failure", "error") for child in case):
                 failed.append(case.get("name"))
     return proc.returncode != 0 and bool(failed), failed

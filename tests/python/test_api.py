@@ -703,7 +703,8 @@ def test_late_joiners_catch_up_within_the_window_or_start_at_the_next_epoch(runt
 
 def test_the_consumer_takes_a_dataloaders_arguments_and_option_objects_for_the_rest(runtime_dir):
     assert list(inspect.signature(bc.Consumer).parameters) == [
-        "name", "batch_size", "drop_last", "timeout", "device", "state", "transform", "pad", "group", "join"]
+        "name", "batch_size", "drop_last", "timeout", "device", "state", "transform", "pad", "group", "join",
+        "stall_timeout"]
     # Each option object checks itself where it is written, is plain data
     # (frozen: one can serve several consumers) and has a plain form.
     for option in (bc.Augment(lambda s: s), bc.Pad(0), bc.Group("g", 0, 2), bc.Join(), bc.Placement()):

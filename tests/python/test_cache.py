@@ -6,9 +6,11 @@ consumers' batch sizes, joins, resumes and groups."""
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import random
+import struct
 import threading
 
 import pytest
@@ -22,8 +24,9 @@ class Decoded(Dataset):
     """A deterministic "decoder": sample i's values are made from i. Counts
     how often each sample is decoded (the loader runs in this process)."""
 
-    def __init__(self, n: int, shape=(3, 4), random_part: bool = False, varying: bool = False):
+    def __init__(self, n: int, shape=(3, 4), random_part: bool = False, varying: bool = False, salt: int = 0):
         self.n, self.shape, self.random_part, self.varying = n, shape, random_part, varying
+        self.salt = salt  # another salt: other data of the same length and kind
         self.calls: collections.Counter[int] = collections.Counter()
         self.lock = threading.Lock()
 
@@ -33,7 +36,7 @@ class Decoded(Dataset):
     def __getitem__(self, i: int):
         with self.lock:
             self.calls[i] += 1
-        g = torch.Generator().manual_seed(1000 + i)
+        g = torch.Generator().manual_seed(1000 + i + 100_003 * self.salt)
         image = torch.randint(0, 255, self.shape, generator=g, dtype=torch.uint8)
         if self.random_part:  # an augmentation left in the producer: another draw every call
             image = image ^ torch.randint(0, 255, self.shape, dtype=torch.uint8)
@@ -340,3 +343,96 @@ def test_a_group_on_a_cached_stream_gets_the_loaders_batches(runtime_dir, name):
     for e in range(epochs):
         ids = [i for r in range(2) for batch in got[r][e] for i in batch[0]]
         assert set(ids) == set(range(n)) and len(ids) == 54  # + 1: to a multiple of the ranks
+
+
+def cache_header(path) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(16)
+        assert head[:8] == b"BCCACHE2"
+        length, _ = struct.unpack("<II", head[8:])
+        return json.loads(f.read(length))
+
+
+def flip(path, offsets) -> None:
+    with open(path, "r+b") as f:
+        for at in offsets:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0xA5]))
+
+
+def test_a_damaged_disk_cache_serves_no_damaged_sample_and_is_repaired(runtime_dir, name, tmp_path, caplog):
+    """64 bytes flipped over the middle half of a cache file's rows (size and
+    header intact): the next sweep says which samples, decodes those again,
+    serves every sample right, and writes the file whole again."""
+    option = bc.Cache("disk", directory=str(tmp_path))
+    n, shape = 300, (3, 16, 16)  # 768 bytes a sample: rows over 4 blocks of 64 KiB
+    want, _ = served(Decoded(n, shape), name + "-plain", 2, seed=3)
+    _, stats = served(Decoded(n, shape), name, 1, cache=option, seed=3)
+    path = stats["cache_path"]
+    header = cache_header(path)
+    image = next(spec for spec in header["leaves"] if spec["path"].endswith("['image']"))
+    rows = n * 768
+    offsets = sorted(random.Random(7).sample(range(image["at"] + rows // 4, image["at"] + 3 * rows // 4), 64))
+    flip(path, offsets)
+    hit = sorted({(at - image["at"]) // 768 for at in offsets})
+    second = Decoded(n, shape)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="batchcast"):
+        got, stats = served(second, name, 2, cache=option, seed=3)
+    assert stats["cache_warm"] and stats["cache"] == "ready"
+    assert same(got, want)  # every sample, every value, in the loader's order
+    warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(warned) == 1 and path in warned[0], [r.getMessage() for r in caplog.records]
+    # The samples named are those whose rows the damaged blocks hold (64 KiB
+    # each: every sample of them, the flipped ones among them), decoded again.
+    assert "decoded again and written back" in warned[0], warned[0]
+    redone = {i for i, calls in second.calls.items() if calls > 0}
+    assert set(hit) <= redone
+    # Written back: the next sweep finds nothing damaged.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="batchcast"):
+        again, stats = served(Decoded(n, shape), name, 1, cache=option, seed=3)
+    assert stats["cache_warm"] and not [r for r in caplog.records if "damaged" in r.getMessage()]
+    assert same(again, want[:1])
+
+
+@pytest.mark.parametrize("where", ["header", "bitmap"])
+def test_damage_outside_the_rows_makes_the_file_again(runtime_dir, name, tmp_path, caplog, where):
+    option = bc.Cache("disk", directory=str(tmp_path))
+    n = 50
+    want, _ = served(Decoded(n), name + "-plain", 2, seed=4)
+    _, stats = served(Decoded(n), name, 1, cache=option, seed=4)
+    path = stats["cache_path"]
+    header = cache_header(path)
+    flip(path, [40] if where == "header" else [header["bitmap_at"] + 3])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="batchcast"):
+        got, stats = served(Decoded(n), name, 2, cache=option, seed=4)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "cannot be used" in said and ("header does not match its checksum" if where == "header"
+                                         else "bitmap of samples kept") in said, said
+    assert not stats["cache_warm"] and stats["cache"] == "ready"
+    assert same(got, want)
+
+
+def test_a_changed_dataset_makes_the_file_again_and_is_served_from_it(runtime_dir, name, tmp_path, caplog):
+    """Same length, same kind, same key, other values: the check at the first
+    epoch's start sees it; that epoch comes from the loader and is kept, and
+    the rest of the sweep from the cache made again (not the loader)."""
+    option = bc.Cache("disk", directory=str(tmp_path))
+    n = 60
+    served(Decoded(n), name, 1, cache=option, seed=2)
+    changed = Decoded(n, salt=1)
+    want, _ = served(Decoded(n, salt=1), name + "-plain", 3, seed=2)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="batchcast"):
+        got, stats = served(changed, name, 3, cache=option, seed=2)
+    assert same(got, want)
+    assert any("made again" in r.getMessage() and "differ" in r.getMessage() for r in caplog.records)
+    assert stats["cache"] == "ready" and not stats["cache_warm"] and stats["cache_batches"] > 0
+    # Decoded in the epoch that made it again, and for the checks: not every epoch.
+    assert sum(changed.calls.values()) <= n + 3 * 4, changed.calls  # a loader each epoch: 3 * n
+    warm, stats = served(Decoded(n, salt=1), name, 1, cache=option, seed=2)
+    assert stats["cache_warm"] and same(warm, want[:1])

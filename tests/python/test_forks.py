@@ -216,7 +216,7 @@ def test_the_producer_forks_its_first_workers_once_a_trainer_that_just_connected
         with held:  # the trial builds its model, just connected
             before = children()
             consumer = bc.Consumer(name, batch_size=4, timeout=30)
-            eventually(lambda: _forks._forking is not None or a_new_child(before),
+            eventually(lambda: _forks.forking() or a_new_child(before),
                        "the producer forking epoch 0's worker", timeout=30)
         with consumer:
             ids = [i for batch in consumer for i in sample_ids(batch)]
@@ -248,10 +248,219 @@ def test_the_producer_forks_its_workers_while_no_trainer_thread_of_its_process_h
                             # Inside its first step, until the producer forks epoch 1's worker: it
                             # waits for this step (or, were it not to, has forked it meanwhile).
                             before = children()
-                            eventually(lambda: _forks._forking is not None or a_new_child(before),
+                            eventually(lambda: _forks.forking() or a_new_child(before),
                                        "the producer forking epoch 1's worker", timeout=30)
                         seen.append(sample_ids(batch))
         assert producer.join(30)
     assert sorted(i for ids in seen[:10] for i in ids) == sorted(i for ids in seen[10:] for i in ids) == list(
         range(40))
     assert _forks.forks_held() > waited  # the fork of epoch 1's worker waited for the trainer's step
+
+
+# ---- the fork guard counts threads, not consumers --------------------------
+
+NOTEBOOK = """
+    import logging, sys, threading, time, uuid
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import batchcast as bc
+    from batchcast import _forks
+
+    _forks.FORK_WAIT = FORK_WAIT  # (shortened: a fork held shows as an epoch of FORK_WAIT s)
+    logged = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+
+    logging.getLogger("batchcast").addHandler(Keep())
+    N, V, EPOCHS, TRIALS = 512, 256, 3, int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    HOW = sys.argv[1]
+
+
+    def rows(n):
+        return TensorDataset(torch.arange(n).float().view(-1, 1).repeat(1, 8), torch.arange(n))
+
+
+    # The first cell: a training producer (2 workers forked anew each epoch)
+    # and a validation one, both serving from threads of this process.
+    train_name, val_name = "train-" + uuid.uuid4().hex[:8], "val-" + uuid.uuid4().hex[:8]
+    bc.Producer(DataLoader(rows(N), batch_size=32, shuffle=True, num_workers=2), name=train_name,
+                epochs=EPOCHS, min_consumers=TRIALS).start()
+    bc.Producer(DataLoader(rows(V), batch_size=32, num_workers=2), name=val_name, epochs=EPOCHS,
+                min_consumers=TRIALS).start()
+
+
+    def trial(out):
+        # The next cell: the loader pair made up front, then train-then-validate.
+        train = bc.Consumer(train_name, 32, timeout=60)
+        val = bc.Consumer(val_name, 16, timeout=60)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for epoch in range(EPOCHS):
+            began = time.monotonic()
+            seen, checked = [], []
+            if HOW == "zip":  # one step of each per batch (16 batches of each)
+                ti, vi = iter(train), iter(val)
+                for (x, i), (vx, vi_ids) in zip(ti, vi):
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+                    with torch.no_grad():
+                        model(vx)
+                    seen += i.tolist()
+                    checked += vi_ids.tolist()
+                assert next(vi, None) is None
+            else:
+                for x, i in train:
+                    opt.zero_grad()
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+                    seen += i.tolist()
+                with torch.no_grad():
+                    for vx, vi_ids in val:
+                        model(vx)
+                        checked += vi_ids.tolist()
+            assert sorted(seen) == list(range(N)) and checked == list(range(V)), "not every sample once"
+            out.append(time.monotonic() - began)
+        train.close()
+        val.close()
+
+
+    times = []
+    if TRIALS == 1:
+        trial(times)
+    else:  # trials as threads (Optuna's n_jobs)
+        threads = [threading.Thread(target=trial, args=(times,), name=f"trial-{k}") for k in range(TRIALS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(times) == EPOCHS * TRIALS, times
+    print("epochs", " ".join(f"{t:.3f}" for t in times))
+    print("logged", repr(logged))
+"""
+
+
+@pytest.mark.parametrize("how, trials", [("train-then-validate", 1), ("zip", 1), ("train-then-validate", 2)])
+def test_a_notebook_with_a_train_and_a_validation_consumer_open_forks_without_waiting(
+        tmp_path, runtime_dir, how, trials):
+    """The ordinary notebook: a training and a validation producer started in
+    the kernel, their consumers opened up front as a DataLoader pair. While
+    the trainer waits inside one consumer, the other (open, idle) must not
+    count as its thread running its own code: the producers fork their
+    epochs' workers without waiting for the fork guard's FORK_WAIT (3 s
+    here), with no WARNING, and every epoch takes under 1 s. (Before the guard counted threads, each epoch took
+    10-60 s with a WARNING per fork.) Also with one step of each per batch
+    (zip), and with two trials as threads."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(NOTEBOOK).replace("= FORK_WAIT ", f"= {NOTEBOOK_FORK_WAIT} ", 1))
+    done = subprocess.run([sys.executable, str(script), how.split("-")[0], str(trials)],
+                          capture_output=True, text=True, timeout=BOUND)
+    assert done.returncode == 0, done.stdout + done.stderr
+    logged = next(line for line in done.stdout.splitlines() if line.startswith("logged "))
+    assert "a fork of process" not in logged, logged
+    epochs = [float(t) for t in done.stdout.split("epochs ")[1].split("\n")[0].split()]
+    # An epoch forks 4 workers: one fork held for FORK_WAIT makes it >= 3 s;
+    # without one, an epoch of these few rows takes about 0.1 s.
+    assert max(epochs) < 1.0, epochs
+
+
+NOTEBOOK_FORK_WAIT = 3.0
+
+
+def test_a_fork_waits_for_a_thread_with_an_idle_consumer_and_the_warning_names_it(tmp_path, runtime_dir):
+    """A consumer opened in another thread and never iterated keeps that
+    thread in its own code: a fork waits for it (FORK_WAIT, shortened here)
+    and goes on with a WARNING that names the thread and where the consumer
+    was made."""
+    out = run_script(tmp_path, """
+        import logging, threading, uuid
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        import batchcast as bc
+        from batchcast import _forks
+
+        _forks.FORK_WAIT = 1.0
+        logged = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                logged.append(record.getMessage())
+
+        logging.getLogger("batchcast").addHandler(Keep())
+        data = TensorDataset(torch.arange(64).float(), torch.arange(64))
+        a, b = "a-" + uuid.uuid4().hex[:8], "b-" + uuid.uuid4().hex[:8]
+        bc.Producer(DataLoader(data, batch_size=8), name=b, epochs=1).start()
+        opened, finish = threading.Event(), threading.Event()
+
+        def idle():
+            c = bc.Consumer(b, 8, timeout=60)  # IDLE-LINE
+            opened.set()
+            finish.wait()
+            c.close()
+
+        t = threading.Thread(target=idle, name="idle-trial")
+        t.start()
+        opened.wait()
+        producer = bc.Producer(DataLoader(data, batch_size=8, num_workers=1), name=a, epochs=1).start()
+        with bc.Consumer(a, 8, timeout=60) as c:
+            assert sorted(i for _, ids in c for i in ids.tolist()) == list(range(64))
+        finish.set()
+        t.join()
+        print("logged", repr(logged))
+    """)
+    line = next(k for k, text in enumerate((tmp_path / "script.py").read_text().splitlines(), 1)
+                if "IDLE-LINE" in text)
+    assert "a fork of process" in out and "waited 1 s for thread 'idle-trial'" in out, out
+    assert f"the consumer of 'b-" in out and f"made in thread 'idle-trial' at {tmp_path / 'script.py'}:{line}" in out, out
+
+
+def test_concurrent_forks_of_two_producers_each_wait_for_the_trainers_step_and_a_dead_thread_holds_none(
+        runtime_dir, name, caplog):
+    """Two producers in the trainer's process fork their next epoch's
+    workers at about the same time, while the trainer (one step over a zip
+    of their consumers) holds a lock standing for torch's: each fork waits
+    for the step (one slot for forks let the second go on unguarded). And a
+    thread that ended with a consumer still open (kept referenced) runs no
+    code: no fork waits for it (it would wait FORK_WAIT, with a WARNING)."""
+    import logging
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    import batchcast as bc
+    from batchcast import _forks
+    from workers import IdDataset, sample_ids
+
+    held_a, loader_a = held_lock_and_a_loader_that_takes_it()
+    held_b, loader_b = held_lock_and_a_loader_that_takes_it()
+    kept = []
+
+    def ends_with_a_consumer_open():
+        kept.append(bc.Consumer(name + "-c", batch_size=4, timeout=30))
+
+    seen_a, seen_b = [], []
+    with caplog.at_level(logging.WARNING, logger="batchcast"), \
+            bc.Producer(DataLoader(IdDataset(8), batch_size=4), name + "-c", epochs=1) as pc, \
+            bc.Producer(loader_a, name + "-a", epochs=2, slots=16) as pa, \
+            bc.Producer(loader_b, name + "-b", epochs=2, slots=16) as pb:
+        dead = threading.Thread(target=ends_with_a_consumer_open, name="ended")
+        dead.start()
+        dead.join()
+        with bc.Consumer(name + "-a", batch_size=4, timeout=30) as a, \
+                bc.Consumer(name + "-b", batch_size=4, timeout=30) as b:
+            for _ in range(2):
+                ia, ib = iter(a), iter(b)
+                for x, y in zip(ia, ib):
+                    with held_a, held_b:  # the trainer's step
+                        seen_a.append(sample_ids(x))
+                        seen_b.append(sample_ids(y))
+                assert next(ib, None) is None  # (zip stops at a's end: b's ends too)
+        assert pa.join(30) and pb.join(30)
+        kept[0].close()
+        assert pc.join(30)
+    for seen in (seen_a, seen_b):
+        assert sorted(i for ids in seen[:10] for i in ids) == sorted(i for ids in seen[10:] for i in ids) == \
+            list(range(40))
+    assert not [r.getMessage() for r in caplog.records if "a fork of process" in r.getMessage()]
+    assert _forks.active() == 0

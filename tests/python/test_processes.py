@@ -228,6 +228,54 @@ def test_a_consumer_waiting_for_a_slow_loader_sleeps_until_its_producer_goes(run
             consumer.close()
 
 
+def test_a_trainer_with_a_stall_limit_ends_with_an_error_naming_the_hung_loader(procs, name, tmp_path):
+    """A loader worker stuck inside the dataset (sample 100 of 600 waits
+    for a file): a consumer with stall_timeout gets its three batches, then
+    batchcast.Stalled once that long has passed with nothing from the
+    producer, naming the wait, the producer waiting for its loader, the
+    workers alive and what to do; where it stands is still exact. A trainer
+    beside it without a limit waits, and once the loader moves on gets the
+    whole epoch."""
+    gate = tmp_path / "gate"
+    # (the producer notes its loader's workers every 1/8 s: BATCHCAST_LOADER_WARN_SECONDS / 4)
+    procs.start("serve", name, "--gate", gate, "--gate-at", 100, "--epochs", 1, "--min-consumers", 2,
+                script="endings.py", env={"BATCHCAST_LOADER_WARN_SECONDS": "0.5"})
+    steady = procs.start("steady", name, "--epochs", 1, out="steady.json", script="endings.py")
+    consumer = bc.Consumer(name, batch_size=32, timeout=60, stall_timeout=2.0)
+    try:
+        seen: list[int] = []
+        batches = iter(consumer)
+        with pytest.raises(bc.Stalled) as caught:
+            for x, i in batches:
+                assert torch.equal(x[:, 0], i.float())
+                seen += i.tolist()
+                stalled_from = time.monotonic()
+        waited = time.monotonic() - stalled_from
+        assert seen == list(range(96))
+        assert 2.0 <= waited < 30, waited
+        text = str(caught.value)
+        assert f"consumer of '{name}' waited " in text and "(stall_timeout=2) for its next batch of epoch 0 " \
+            "(3 of its batches handed out) and the producer brought it no sample in that time" in text, text
+        assert "has waited" in text and "for its loader's next batch (epoch 0, after 3 batches of it)" in text, text
+        # The worker stuck is one of the two the producer noted, named with how to look at it.
+        workers = text.split("worker processes alive: ")[1].split(" ")[0].split(",")[0]
+        assert f"`py-spy dump --pid {workers}`" in text and "raise stall_timeout" in text, text
+        assert f"`batchcast status {name}`" in text, text
+        assert consumer.state_dict()["position"] == 96
+    finally:
+        consumer.close()
+    gate.touch()
+    steady.wait(60)
+    assert procs.result("steady.json")["epochs"] == [list(range(600))]
+    procs.wait_all(60)
+
+
+def test_a_stall_limit_is_seconds_or_none(name):
+    for wrong in (0, -1.0, True, "600", float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="stall_timeout must be a positive number of seconds"):
+            bc.Consumer(name, stall_timeout=wrong)
+
+
 def test_killed_consumer_does_not_stall_the_others(procs, name):
     procs.start("produce", name, "--samples", "3000", "--loader-batch", "10", "--slots", "4",
                 "--min-consumers", "2")

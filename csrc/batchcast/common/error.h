@@ -70,6 +70,14 @@ class EpochsExhausted : public Error {
   using Error::Error;
 };
 
+// A consumer with a stall limit (stall_timeout) waited that long for its next
+// batch with nothing from the producer meanwhile: its loader hangs or is that
+// slow, or the producer waits for something (consumers, ring space).
+class Stalled : public Error {
+ public:
+  using Error::Error;
+};
+
 // The producer was asked to stop while a call was blocked.
 class Stopped : public Error {
  public:

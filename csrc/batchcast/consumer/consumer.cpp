@@ -4,6 +4,7 @@
 #include "batchcast/consumer/consumer.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "batchcast/common/endpoint.h"
 #include "batchcast/common/error.h"
@@ -40,6 +41,9 @@ ConsumerOptions checked(ConsumerOptions o) {
   if ((o.pad_every || !o.pad_leaves.empty()) && !o.batch_size) {
     throw InvalidArgument("padding re-pads samples that one batch joins from several loader batches: it needs "
                           "a batch_size");
+  }
+  if (!(o.stall_timeout >= 0) || o.stall_timeout > 1e9) {
+    throw InvalidArgument("stall_timeout must be seconds >= 0 (0: wait for ever)");
   }
   if (o.resume_epoch < -1 || o.resume_position < 0 || o.resume_joined_at < 0) {
     throw InvalidArgument("resume_epoch must be >= 0 (or -1: no resume), resume_position and resume_joined_at >= 0");
@@ -326,6 +330,7 @@ std::optional<ViewBatch> Consumer::take_next(bool identities) {
   // What a message makes of the call: a batch (or the epoch's end: none) to
   // hand out, or nothing yet (read on).
   using Step = std::optional<std::optional<ViewBatch>>;
+  auto news = std::chrono::steady_clock::now();  // when the producer last brought this call samples
   while (true) {
     if (auto b = rebatcher_.pop(identities)) {
       if (++epoch_batches_ > 1 && replaying_) {
@@ -334,7 +339,10 @@ std::optional<ViewBatch> Consumer::take_next(bool identities) {
       }
       return hand_out(std::move(b));
     }
-    StreamMessage m = channel_->take([this](double waited) { say_what_it_waits_for(waited); });
+    StreamMessage m = channel_->take([&](double waited) {
+      say_what_it_waits_for(waited);
+      check_stall(news);
+    });
     Step step = std::visit(
         pr::Exhaustive{
             [&](pr::Announcement& a) -> Step {
@@ -344,6 +352,7 @@ std::optional<ViewBatch> Consumer::take_next(bool identities) {
               }
               life_.batch_arrived();
               receive(a);
+              news = std::chrono::steady_clock::now();
               return std::nullopt;
             },
             [&](pr::EpochEnd& end) -> Step {
@@ -411,6 +420,17 @@ void Consumer::say_what_it_waits_for(double waited) {
            " (the producer's loader is starting, or slow; `batchcast status " + options_.name + "` shows it)";
   }
   options_.reporter(Report{Report::Level::Info, {}, text});
+}
+
+void Consumer::check_stall(std::chrono::steady_clock::time_point since) const {
+  if (options_.stall_timeout <= 0) return;
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  if (waited < options_.stall_timeout) return;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f s (stall_timeout=%g)", waited, options_.stall_timeout);
+  throw Stalled("consumer of '" + options_.name + "' waited " + text + " for its next batch of epoch " +
+                std::to_string(epoch_) + " (" + std::to_string(epoch_batches_) + " of its batches handed out)" +
+                " and the producer brought it no sample in that time");
 }
 
 // While the first epoch is peekable, its loader batches are kept (sharing

@@ -5,6 +5,7 @@
 // Python's: the option objects, DataLoader conventions, transforms, state.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -69,6 +70,9 @@ enum class Placement {
   /* An epoch asked for after the producer served all its epochs: empty (true), or  */    \
   /* EpochsExhausted (false: a training loop must not quietly get nothing).         */    \
   X(bool, empty_past_last_epoch, false)                                                    \
+  /* Seconds next() waits for its next batch with nothing from the producer        */    \
+  /* meanwhile before it raises Stalled (0: waits for ever).                         */    \
+  X(double, stall_timeout, 0.0)                                                            \
   /* Batches the caller may modify: each batch handed out is a private copy (else  */     \
   /* a view of shared memory: read-only on the host).                               */    \
   X(bool, writable, false)                                                                 \
@@ -229,6 +233,8 @@ class Consumer {
   protocol::Welcome joined_;     // what the producer was doing when this consumer joined
   bool told_waiting_ = false;    // said once what its first epoch waits for
   void say_what_it_waits_for(double waited);
+  // Throws Stalled once stall_timeout has passed since `since` (the last news).
+  void check_stall(std::chrono::steady_clock::time_point since) const;
   uint64_t id_ = 0;
   int64_t samples_per_epoch_ = -1;
   int64_t loader_batches_per_epoch_ = -1;

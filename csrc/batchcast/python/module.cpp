@@ -313,6 +313,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<Refused>(m, "Refused", error.ptr());
   py::register_exception<RebatchError>(m, "RebatchError", error.ptr());
   py::register_exception<Stopped>(m, "Stopped", error.ptr());
+  py::register_exception<Stalled>(m, "Stalled", error.ptr());
   py::register_exception<EpochsExhausted>(m, "EpochsExhausted", error.ptr());
   py::register_exception<Evicted>(m, "Evicted", error.ptr());
   py::register_exception<GroupError>(m, "GroupError", error.ptr());

@@ -15,8 +15,11 @@
 # the commit count (BATCHCAST_CI_TURN sets it).
 #   - the mutants: one share of 4 (tests/mutations/run.py --share); a mutant
 #     its tests stop catching fails CI within 4 landings;
-#   - TSan (even turns) and the sdist built in a clean Debian 12 root (odd
-#     turns): each fails CI within 2 landings of a change that breaks it.
+#   - TSan (even turns), and the sdist built in a clean Debian 12 root with
+#     the Python tests in real processes on the ASan build (odd turns): each
+#     fails CI within 2 landings of a change that breaks it. (Every turn
+#     builds the ASan build and runs the C++ tests and the transforms' Python
+#     tests under LeakSanitizer on it.)
 # Before resolving an issue that touches the core's threads, the build or the
 # mutated files, run the whole set: BATCHCAST_FULL=1 (about twice as long).
 # Needs what scripts/test.sh set up, root or sudo (debootstrap, chroot,
@@ -39,7 +42,8 @@ else
 fi
 pin=$(mktemp)
 oldroot_pid=""
-trap 'st=$?; rm -f "$pin"; [ -z "$oldroot_pid" ] || kill "$oldroot_pid" 2>/dev/null; steps_finish $st' EXIT
+asan_pid=""
+trap 'st=$?; rm -f "$pin"; for p in $oldroot_pid $asan_pid; do kill "$p" 2>/dev/null; done; steps_finish $st' EXIT
 echo "torch==$($PY -c 'from importlib.metadata import version; print(version("torch"))')" >"$pin"
 pinned_install() { PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints.txt "$@"; }
 
@@ -76,7 +80,18 @@ step "The $here_tag wheel under a second torch (${BATCHCAST_SECOND_TORCH:-2.14.1
 # runs every capability once. BATCHCAST_FULL=1 runs it under this torch too.
 torches=("${BATCHCAST_SECOND_TORCH:-2.14.1}")
 [ "$full" != 1 ] || torches=("$(sed 's/torch==//; s/+.*//' "$pin")" "${torches[@]}")
+# Meanwhile (installing a torch is mostly one process unpacking gigabytes;
+# the Ray and Trainer door steps below are much pip and waiting): mypy, its
+# result reported in its own step below, and the ASan build at the lowest
+# priority (it takes only CPU time the steps leave), until the sanitizers'
+# step waits for it.
+$PY -m mypy --strict --no-incremental python/batchcast >build/mypy.log 2>&1 &
+mypy_pid=$!
+nice -n 19 bash scripts/sanitizers.sh address-build >build/asan-build.log 2>&1 &
+asan_pid=$!
 bash scripts/torch-versions.sh "$wheel" "${torches[@]}"
+mypy_status=0
+wait "$mypy_pid" || mypy_status=$?
 
 # Shared memory in 2 MiB pages is off by default on most systems
 # (transparent_hugepage/shmem_enabled "never"), so the suite skipped its test;
@@ -87,15 +102,16 @@ if [ -w "$thp" ]; then
   step "Huge pages: the ring in 2 MiB pages (shmem_enabled advise for this test)" 30
   was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
   echo advise >"$thp"
-  trap 'st=$?; echo "$was" >"$thp"; rm -f "$pin"; steps_finish $st' EXIT
+  trap 'st=$?; echo "$was" >"$thp"; rm -f "$pin"; for p in $asan_pid; do kill "$p" 2>/dev/null; done; steps_finish $st' EXIT
   BATCHCAST_REQUIRE_HUGE_PAGES=1 $PY -m pytest -q -p no:cacheprovider tests/python/test_api.py -k huge_pages
   echo "$was" >"$thp"
-  trap 'st=$?; rm -f "$pin"; steps_finish $st' EXIT
+  trap 'st=$?; rm -f "$pin"; for p in $asan_pid; do kill "$p" 2>/dev/null; done; steps_finish $st' EXIT
 fi
 
 step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)" 210
 pinned_install "ray[tune]"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
+
 
 step "The Trainer door at the oldest end of its range (tests/constraints-oldest.txt)" 90
 # The door's tests under the oldest releases its extra admits, then the
@@ -108,9 +124,18 @@ timeout 900 $PY -m pytest -q -p no:cacheprovider tests/python/test_transformers.
   { echo "== the Trainer door's tests failed (or ran past 900 s) at the oldest end of its range"; exit 1; }
 pinned_install transformers accelerate huggingface_hub tokenizers
 
-step "Sanitizers: the C++ tests under ASan+UBSan; producers and consumers in real processes on that build" 1020
+step "Sanitizers: the C++ tests under ASan+UBSan; Python tests on that build (in real processes: odd turns)" 1020
+asan_status=0
+wait "$asan_pid" || asan_status=$?
+asan_pid=""
+cat build/asan-build.log
+[ "$asan_status" = 0 ] || { echo "== the ASan build failed (above)"; exit 1; }
 bash scripts/sanitizers.sh address
-bash scripts/sanitizers.sh python
+if [ "$full" = 1 ] || [ $((turn % 2)) = 1 ]; then
+  bash scripts/sanitizers.sh python
+else
+  BATCHCAST_ASAN_PYTHON=leaks bash scripts/sanitizers.sh python
+fi
 if [ "$full" = 1 ] || [ $((turn % 2)) = 0 ]; then
   step "Sanitizers: the C++ tests under TSan (even turns)" 360
   bash scripts/sanitizers.sh thread
@@ -123,8 +148,9 @@ else
   $PY tests/mutations/run.py --share "$share/4"
 fi
 
-step "Types: mypy --strict on the package (with the stubs of its compiled modules)" 120
-$PY -m mypy --strict --no-incremental python/batchcast
+step "Types: mypy --strict on the package (with the stubs of its compiled modules; run beside the second torch)" 10
+cat build/mypy.log
+[ "$mypy_status" = 0 ] || { echo "== mypy found the errors above"; exit 1; }
 
 sdist_budget=90
 [ "$full" != 1 ] && [ $((turn % 2)) = 0 ] || sdist_budget=600

@@ -12,6 +12,8 @@
 #          processes without it: exactly-once, joining, groups, transform
 #          threads, forks, exits), the ASan runtime preloaded into the
 #          uninstrumented python (and its children);
+# address-build: only the build of `address` (CI starts it early, at low
+#          priority, beside steps that leave a CPU idle);
 # all (the default): address, thread, then python.
 # Any report fails the run. Needs what scripts/setup.sh installs (cmake,
 # ninja, g++ with libasan/libubsan/libtsan, libgtest-dev, libzmq3-dev, torch,
@@ -110,15 +112,21 @@ python_asan() {
   if [ ${#PYTEST_ARGS[@]} -gt 0 ]; then
     python_tests "${BATCHCAST_PY_LEAKS:-1}" "${PYTEST_ARGS[@]}"
   else
-    # By default: the consumer's transforms (one process) with LeakSanitizer,
-    # and producers and consumers in real processes without it (under it each
-    # python takes 30-40 s to import torch here, past the tests' deadlines).
-    python_tests 1 tests/python/test_transform.py
-    python_tests 0 \
-      tests/python/test_processes.py::test_four_consumers_get_every_sample_once_in_order_over_two_epochs \
-      tests/python/test_processes.py::test_loader_exception_reaches_consumers_with_its_message \
-      tests/python/test_joining.py tests/python/test_groups.py tests/python/test_forks.py \
-      "tests/python/test_endings.py::test_a_trial_process_ends"
+    # By default: the consumer's transforms (one process) with LeakSanitizer
+    # ("leaks"), and producers and consumers in real processes without it
+    # ("processes": under it each python takes 30-40 s to import torch here,
+    # past the tests' deadlines). BATCHCAST_ASAN_PYTHON names which (both).
+    local parts=" ${BATCHCAST_ASAN_PYTHON:-leaks processes} "
+    if [[ $parts == *" leaks "* ]]; then
+      python_tests 1 tests/python/test_transform.py
+    fi
+    if [[ $parts == *" processes "* ]]; then
+      python_tests 0 \
+        tests/python/test_processes.py::test_four_consumers_get_every_sample_once_in_order_over_two_epochs \
+        tests/python/test_processes.py::test_loader_exception_reaches_consumers_with_its_message \
+        tests/python/test_joining.py tests/python/test_groups.py tests/python/test_forks.py \
+        "tests/python/test_endings.py::test_a_trial_process_ends"
+    fi
   fi
 }
 
@@ -153,8 +161,9 @@ shift || true
 PYTEST_ARGS=("$@")
 case "$what" in
   address) cpp address build/asan ;;
+  address-build) timed "address: configure and build (build/asan)" configure_and_build address build/asan ;;
   thread) cpp thread build/tsan ;;
   python) python_asan ;;
   all) cpp address build/asan; cpp thread build/tsan; python_asan ;;
-  *) echo "usage: $0 [address|thread|python|all] [pytest arguments, for python]"; exit 2 ;;
+  *) echo "usage: $0 [address|address-build|thread|python|all] [pytest arguments, for python]"; exit 2 ;;
 esac

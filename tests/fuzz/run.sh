@@ -54,7 +54,6 @@ for k, v in seeds.items():
 PY
 clang++ -std=c++17 -O1 -Icsrc tests/fuzz/decode_seeds.cpp csrc/batchcast/protocol/message.cpp -o "$out/decode_seeds"
 xargs "$out/decode_seeds" < "$out/seeds.txt"
-"$out/fuzz_decode" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$out/corpus" 2>&1 | tail -n 12
 # The mailbox reader, seeded with queues of valid records (indices, then bytes).
 mkdir -p "$out/mailbox-corpus"
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
@@ -72,4 +71,17 @@ for i, m in enumerate(sorted(messages.iterdir())[:24]):
     q += record(PADDING, b"\0" * 8)
     (out / f"queue-{i}").write_bytes(struct.pack("<QQ", len(q), 0) + q + b"\0" * 64)
 PY
-"$out/fuzz_mailbox" -max_total_time="$seconds" -max_len=4200 -print_final_stats=1 "$out/mailbox-corpus" 2>&1 | tail -n 12
+# Both fuzzers at once (each is one thread): the mailbox's corpus is made of
+# the decoder's seeds above, before the decoder's fuzzer grows that corpus.
+"$out/fuzz_decode" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$out/corpus" \
+  >"$out/fuzz_decode.log" 2>&1 &
+decode=$!
+status=0
+"$out/fuzz_mailbox" -max_total_time="$seconds" -max_len=4200 -print_final_stats=1 "$out/mailbox-corpus" \
+  >"$out/fuzz_mailbox.log" 2>&1 || status=$?
+wait "$decode" || status=$?
+for f in fuzz_decode fuzz_mailbox; do
+  echo "== $f"
+  tail -n 12 "$out/$f.log"
+done
+exit "$status"

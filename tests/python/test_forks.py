@@ -267,6 +267,10 @@ NOTEBOOK = """
     from batchcast import _forks
 
     _forks.FORK_WAIT = FORK_WAIT  # (shortened: a fork held shows as an epoch of FORK_WAIT s)
+    # The notebook's earlier cells: torch's first optimizer imports its
+    # compiler (1-2 s of the trainer's own code, more on a busy machine,
+    # which a fork would rightly wait for).
+    torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
     logged = []
 
     class Keep(logging.Handler):
@@ -349,7 +353,8 @@ def test_a_notebook_with_a_train_and_a_validation_consumer_open_forks_without_wa
     the trainer waits inside one consumer, the other (open, idle) must not
     count as its thread running its own code: the producers fork their
     epochs' workers without waiting for the fork guard's FORK_WAIT (3 s
-    here), with no WARNING, and every epoch takes under 1 s. (Before the guard counted threads, each epoch took
+    here), with no WARNING, and every epoch takes under 1.5 s (0.1 s on an
+    idle machine). (Before the guard counted threads, each epoch took
     10-60 s with a WARNING per fork.) Also with one step of each per batch
     (zip), and with two trials as threads."""
     script = tmp_path / "script.py"
@@ -358,11 +363,12 @@ def test_a_notebook_with_a_train_and_a_validation_consumer_open_forks_without_wa
                           capture_output=True, text=True, timeout=BOUND)
     assert done.returncode == 0, done.stdout + done.stderr
     logged = next(line for line in done.stdout.splitlines() if line.startswith("logged "))
-    assert "a fork of process" not in logged, logged
     epochs = [float(t) for t in done.stdout.split("epochs ")[1].split("\n")[0].split()]
+    assert "a fork of process" not in logged, (epochs, logged)
     # An epoch forks 4 workers: one fork held for FORK_WAIT makes it >= 3 s;
-    # without one, an epoch of these few rows takes about 0.1 s.
-    assert max(epochs) < 1.0, epochs
+    # without one, an epoch of these few rows takes about 0.1 s (up to 1 s
+    # beside CPU hogs: scripts/endings-under-load.sh).
+    assert max(epochs) < NOTEBOOK_FORK_WAIT / 2, epochs
 
 
 NOTEBOOK_FORK_WAIT = 3.0

@@ -29,7 +29,9 @@ cd "$(dirname "$0")/.."
 source scripts/lib/steps.sh
 STEPS_TITLE="scripts/long-checks.sh, time per step"
 # Each step's budget (seconds) is what it took on a 2-CPU machine from a fresh
-# clone (2026-12-07, turn 0), with some room: a step over it prints a WARNING.
+# clone (2026-12-08, turn 314; odd turns add the sanitizers' Python tests in
+# real processes and the sdist's root), with some room: a step over it prints
+# a WARNING.
 trap steps_finish EXIT
 PY=${PYTHON:-python3}
 full=${BATCHCAST_FULL:-0}
@@ -63,10 +65,10 @@ mkdir -p build
 bash scripts/oldroot.sh build/oldroot/bullseye >build/oldroot.log 2>&1 &
 oldroot_pid=$!
 
-step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)" 120
+step "Fuzzing the message decoder and a mailbox queue's reader (${BATCHCAST_FUZZ_SECONDS:-30} s each)" 90
 bash tests/fuzz/run.sh "${BATCHCAST_FUZZ_SECONDS:-30}"
 
-step "Wheels: CPython 3.10-3.13, one build of the core in Debian 11 (glibc 2.31, GCC 10), each checked" 420
+step "Wheels: CPython 3.10-3.13, one build of the core in Debian 11 (glibc 2.31, GCC 10), each checked" 480
 wait "$oldroot_pid" || { cat build/oldroot.log; echo "== the older root could not be made (above)"; exit 1; }
 oldroot_pid=""
 bash scripts/wheel-check.sh
@@ -108,12 +110,12 @@ if [ -w "$thp" ]; then
   trap 'st=$?; rm -f "$pin"; for p in $asan_pid; do kill "$p" 2>/dev/null; done; steps_finish $st' EXIT
 fi
 
-step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)" 210
+step "Ray: one producer per node on a local multi-node cluster (pytest -m ray)" 270
 pinned_install "ray[tune]"
 $PY -m pytest -q -p no:cacheprovider -m ray tests/python/test_ray.py tests/python/test_examples.py
 
 
-step "The Trainer door at the oldest end of its range (tests/constraints-oldest.txt)" 90
+step "The Trainer door at the oldest end of its range (tests/constraints-oldest.txt)" 120
 # The door's tests under the oldest releases its extra admits, then the
 # newest put back.
 PIP_CONSTRAINT="$pin" $PY -m pip install -q -c tests/constraints-oldest.txt transformers accelerate \
@@ -124,7 +126,7 @@ timeout 900 $PY -m pytest -q -p no:cacheprovider tests/python/test_transformers.
   { echo "== the Trainer door's tests failed (or ran past 900 s) at the oldest end of its range"; exit 1; }
 pinned_install transformers accelerate huggingface_hub tokenizers
 
-step "Sanitizers: the C++ tests under ASan+UBSan; Python tests on that build (in real processes: odd turns)" 1020
+step "Sanitizers: the C++ tests under ASan+UBSan; Python tests on that build (in real processes: odd turns)" 780
 asan_status=0
 wait "$asan_pid" || asan_status=$?
 asan_pid=""
@@ -141,7 +143,7 @@ if [ "$full" = 1 ] || [ $((turn % 2)) = 0 ]; then
   bash scripts/sanitizers.sh thread
 fi
 
-step "Mutants: each deliberate bug is caught by a test ($([ "$full" = 1 ] && echo all || echo "share $share/4"))" 180
+step "Mutants: each deliberate bug is caught by a test ($([ "$full" = 1 ] && echo all || echo "share $share/4"))" 300
 if [ "$full" = 1 ]; then
   $PY tests/mutations/run.py
 else

@@ -189,8 +189,9 @@ class Consumer:
     processes) and what to do: a hung loader then ends a trial with an error
     instead of a silent wait. The epoch's iterator ends with the error (as a
     DataLoader's does past its ``timeout``); ``state_dict()`` still says
-    exactly where the consumer stands. Set it well above the slowest normal wait (an epoch's first batch, the
-    other trainers' pace when the producer waits for ring space).
+    exactly where the consumer stands. Set it well above the slowest normal
+    wait (an epoch's first batch, the other trainers' pace when the producer
+    waits for ring space).
 
     ``state_dict()`` is where the consumer stands (epoch, and position in the
     producer's stream), as torchdata's ``StatefulDataLoader`` has it;

@@ -205,23 +205,34 @@ def children() -> set[int]:
 def test_the_producer_forks_its_first_workers_once_a_trainer_that_just_connected_asks_for_a_batch(
         runtime_dir, name):
     """A trial connects its consumer, then builds its model (drawing its weights under the generator's
-    lock) while the producer, which it just joined, forks the epoch's workers."""
+    lock) while the producer, which the sweep's second consumer just completed, forks the epoch's
+    workers: the fork waits for the trial's first next(). (Connecting is waiting inside the consumer:
+    a fork may go on meanwhile, as the producer answers joins between its forks.)"""
+    import threading
+
     import batchcast as bc
     from batchcast import _forks
     from workers import sample_ids
 
     held, loader = held_lock_and_a_loader_that_takes_it()
     waited = _forks.forks_held()
-    with bc.Producer(loader, name, epochs=1) as producer:
+    other: list[int] = []
+
+    def second_trial() -> None:  # waits inside its consumer for the epoch
+        with bc.Consumer(name, batch_size=4, timeout=30) as c:
+            other.extend(i for batch in c for i in sample_ids(batch))
+
+    with bc.Producer(loader, name, epochs=1, min_consumers=2) as producer:
+        consumer = bc.Consumer(name, batch_size=4, timeout=30)
         with held:  # the trial builds its model, just connected
-            before = children()
-            consumer = bc.Consumer(name, batch_size=4, timeout=30)
-            eventually(lambda: _forks.forking() or a_new_child(before),
-                       "the producer forking epoch 0's worker", timeout=30)
+            t = threading.Thread(target=second_trial)
+            t.start()
+            eventually(_forks.forking, "the producer forking epoch 0's worker", timeout=30)
         with consumer:
             ids = [i for batch in consumer for i in sample_ids(batch)]
+        t.join(30)
         assert producer.join(30)
-    assert sorted(ids) == list(range(40))
+    assert sorted(ids) == sorted(other) == list(range(40))
     assert _forks.forks_held() > waited  # the fork waited for the trial to ask for its first batch
 
 
